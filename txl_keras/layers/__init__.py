@@ -1,0 +1,24 @@
+"""Keras 3 layers of Transformer-XL (keras.ops only: TensorFlow, JAX and PyTorch)."""
+
+from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
+from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
+from txl_keras.layers.attention_mask import causal_attention_mask
+from txl_keras.layers.memory_cache import MemoryCache
+from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
+from txl_keras.layers.positionwise_feed_forward import PositionwiseFeedForward
+from txl_keras.layers.relative_attention import RelativeAttention
+from txl_keras.layers.relative_shift import relative_shift
+from txl_keras.layers.transformer_xl_block import TransformerXLBlock
+
+__all__ = [
+    "AdaptiveEmbedding",
+    "AdaptiveSoftmax",
+    "MemoryCache",
+    "PositionalEmbedding",
+    "PositionwiseFeedForward",
+    "RelativeAttention",
+    "TransformerXLBlock",
+    "causal_attention_mask",
+    "relative_positions",
+    "relative_shift",
+]

@@ -1,0 +1,265 @@
+"""Adaptive softmax (Grave et al., 2017) with the projections of Transformer-XL."""
+
+import keras
+from keras import ops
+
+from txl_keras.layers.adaptive_embedding import check_cutoffs, cluster_bounds
+
+CLUSTER_ORDERS = ("tf", "pytorch")
+TAIL_MODES = ("auto", "gather", "dense")
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class AdaptiveSoftmax(keras.layers.Layer):
+    """Per-token negative log-likelihood, and full log-probabilities, of an adaptive
+    softmax whose weights may be tied to an `AdaptiveEmbedding`.
+
+    The head scores the shortlist (cluster 0) plus one logit per tail cluster; a tail
+    token's log-probability is its cluster's head log-probability plus its log-softmax
+    within the cluster. Cluster `i` logits are `(h @ P_i^T) @ W_i^T + b_i`, where `W_i`
+    is the cluster's embedding table (tied when `tie_weight`), `P_i` its
+    `(width_i, hidden_dim)` projection (the embedding's when `tie_projs[i]`, its own
+    otherwise, none when the width equals `hidden_dim` and, for `div_val > 1`,
+    `proj_same_dim` is False), and `b_i` an untied bias. Without cutoffs this is a
+    plain softmax with bias. `cluster_W`/`cluster_b` (zero-initialised) hold the tail
+    cluster logits of the head; `cluster_order="tf"` puts cluster `i` at head column
+    `cutoffs[0] + i - 1` (original TF code and its checkpoints), `"pytorch"` at column
+    `-i` (original PyTorch code).
+
+    The NLL never builds full-vocabulary logits: with `tail_mode="gather"` a tail
+    cluster's logits are computed only for the tokens whose target is in it (dynamic
+    shapes: TensorFlow and PyTorch); `"dense"` computes them for every token (static
+    shapes: JAX, XLA); `"auto"` picks `"dense"` on JAX, `"gather"` elsewhere.
+
+    Args:
+        vocabulary_size: int, `n_token`.
+        embedding_dim: int, `d_embed`.
+        hidden_dim: int, `d_model`.
+        cutoffs: increasing ints.
+        div_val: int >= 1.
+        tie_weight: bool, use the embedding's tables as output weights.
+        tie_projs: list of bools, one per cluster, use the embedding's projection.
+        proj_same_dim: bool.
+        cluster_order: "tf" or "pytorch".
+        tail_mode: "auto", "gather" or "dense".
+        embedding: the `AdaptiveEmbedding` to tie to (not serialised; the owning model
+            passes it). Required when anything is tied.
+        kernel_initializer: initializer of untied tables.
+        projection_initializer: initializer of untied projections.
+        **kwargs: base layer arguments (`name`, `dtype`).
+
+    Call arguments:
+        hidden: `(batch_size, T, hidden_dim)`.
+        targets: int `(batch_size, T)`, ids in `[0, vocabulary_size)`.
+
+    Returns:
+        float32 `(batch_size, T)`, the negative log-likelihood of each target.
+        `log_probs(hidden)` returns float32 `(batch_size, T, vocabulary_size)`.
+
+    Example:
+    >>> softmax = AdaptiveSoftmax(10, 8, 8, cutoffs=[4], tie_weight=False,
+    ...                           tie_projs=[False, False])
+    >>> softmax(keras.random.normal((2, 3, 8)), ops.array([[0, 5, 9], [1, 2, 3]])).shape
+    (2, 3)
+
+    References:
+        Grave et al., "Efficient softmax approximation for GPUs", ICML 2017.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        embedding_dim,
+        hidden_dim,
+        cutoffs=(),
+        div_val=1,
+        tie_weight=True,
+        tie_projs=None,
+        proj_same_dim=True,
+        cluster_order="tf",
+        tail_mode="auto",
+        embedding=None,
+        kernel_initializer="glorot_uniform",
+        projection_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_cutoffs(vocabulary_size, cutoffs, embedding_dim, div_val)
+        n_clusters = len(cutoffs) + 1
+        if tie_projs is None:
+            tie_projs = [False] * n_clusters
+        if len(tie_projs) != n_clusters:
+            raise ValueError(
+                f"Expected one `tie_projs` entry per cluster ({n_clusters}). "
+                f"Received: tie_projs={list(tie_projs)}"
+            )
+        if cluster_order not in CLUSTER_ORDERS:
+            raise ValueError(
+                f"Expected `cluster_order` in {CLUSTER_ORDERS}. Received: {cluster_order!r}"
+            )
+        if tail_mode not in TAIL_MODES:
+            raise ValueError(f"Expected `tail_mode` in {TAIL_MODES}. Received: {tail_mode!r}")
+        self.vocabulary_size = vocabulary_size
+        self.embedding_dim = embedding_dim
+        self.hidden_dim = hidden_dim
+        self.cutoffs = list(cutoffs)
+        self.div_val = div_val
+        self.tie_weight = tie_weight
+        self.tie_projs = [bool(t) for t in tie_projs]
+        self.proj_same_dim = proj_same_dim
+        self.cluster_order = cluster_order
+        self.tail_mode = tail_mode
+        self.embedding = embedding
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.projection_initializer = keras.initializers.get(projection_initializer)
+        self.bounds = cluster_bounds(vocabulary_size, cutoffs)
+
+    @property
+    def n_clusters(self):
+        return len(self.cutoffs) + 1
+
+    def _width(self, i):
+        return self.embedding_dim if self.div_val == 1 else self.embedding_dim // self.div_val**i
+
+    def head_column(self, i):
+        """The head column of tail cluster `i` (1-based)."""
+        n_tail = len(self.cutoffs)
+        row = i - 1 if self.cluster_order == "tf" else n_tail - i
+        return self.bounds[1] + row
+
+    def build(self, hidden_shape=None, targets_shape=None):
+        if (self.tie_weight or any(self.tie_projs)) and self.embedding is None:
+            raise ValueError(
+                "AdaptiveSoftmax ties weights to an AdaptiveEmbedding "
+                f"(tie_weight={self.tie_weight}, tie_projs={self.tie_projs}) but none was "
+                "given; pass `embedding=` or untie the weights."
+            )
+        if self.embedding is not None and not self.embedding.built:
+            self.embedding.build()
+        self.own_tables, self.own_projections, self.biases = [], [], []
+        for i in range(self.n_clusters):
+            rows = self.bounds[i + 1] - self.bounds[i]
+            width = self._width(i)
+            table = None
+            if not self.tie_weight and (self.div_val > 1 or i == 0):
+                shape = (self.vocabulary_size if self.div_val == 1 else rows, width)
+                table = self.add_weight(
+                    name=f"cutoff_{i}_weight", shape=shape, initializer=self.kernel_initializer
+                )
+            self.own_tables.append(table)
+            proj = None
+            if not self.tie_projs[i]:
+                skip = (self.div_val == 1 or not self.proj_same_dim) and width == self.hidden_dim
+                if not skip:
+                    proj = self.add_weight(
+                        name=f"cutoff_{i}_proj",
+                        shape=(width, self.hidden_dim),
+                        initializer=self.projection_initializer,
+                    )
+            self.own_projections.append(proj)
+            self.biases.append(self.add_weight(name=f"cutoff_{i}_b", shape=(rows,), initializer="zeros"))
+        if self.cutoffs:
+            self.cluster_W = self.add_weight(
+                name="cluster_W", shape=(len(self.cutoffs), self.embedding_dim), initializer="zeros"
+            )
+            self.cluster_b = self.add_weight(name="cluster_b", shape=(len(self.cutoffs),), initializer="zeros")
+        self.built = True
+
+    def cluster_weights(self, i):
+        """`(table, bias, projection)` of cluster `i`; projection may be None."""
+        if self.tie_weight:
+            table = self.embedding.tables[0 if self.div_val == 1 else i]
+        else:
+            table = self.own_tables[0 if self.div_val == 1 else i]
+        if self.div_val == 1 and self.cutoffs:
+            table = table[self.bounds[i] : self.bounds[i + 1]]
+        if self.tie_projs[i]:
+            proj = self.embedding.projections[0 if self.div_val == 1 else i]
+        else:
+            proj = self.own_projections[i]
+        return table, self.biases[i], proj
+
+    def _log_softmax_of(self, hidden, table, bias, proj):
+        x = ops.cast(hidden, self.compute_dtype)
+        if proj is not None:
+            x = ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
+        logits = ops.matmul(x, ops.transpose(ops.cast(table, self.compute_dtype)))
+        logits = ops.cast(logits, "float32") + ops.cast(bias, "float32")
+        return ops.log_softmax(logits, axis=-1)
+
+    def _head_log_probs(self, hidden):
+        table, bias, proj = self.cluster_weights(0)
+        if self.cutoffs:
+            table = ops.concatenate([table, self.cluster_W], axis=0)
+            bias = ops.concatenate([bias, self.cluster_b], axis=0)
+        return self._log_softmax_of(hidden, table, bias, proj)
+
+    def _use_dense(self):
+        if self.tail_mode == "auto":
+            return keras.config.backend() == "jax"
+        return self.tail_mode == "dense"
+
+    def call(self, hidden, targets):
+        out_shape = ops.shape(targets)
+        hidden = ops.reshape(hidden, (-1, self.hidden_dim))
+        targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
+        head = self._head_log_probs(hidden)
+        head_targets = targets
+        for i in range(1, self.n_clusters):
+            in_cluster = ops.logical_and(targets >= self.bounds[i], targets < self.bounds[i + 1])
+            head_targets = ops.where(in_cluster, self.head_column(i), head_targets)
+        nll = -ops.take_along_axis(head, head_targets[:, None], axis=1)[:, 0]
+        for i in range(1, self.n_clusters):
+            nll = nll + self._tail_nll(i, hidden, targets)
+        return ops.reshape(nll, out_shape)
+
+    def _tail_nll(self, i, hidden, targets):
+        low, high = self.bounds[i], self.bounds[i + 1]
+        in_cluster = ops.logical_and(targets >= low, targets < high)
+        weights = self.cluster_weights(i)
+        if self._use_dense():
+            log_probs = self._log_softmax_of(hidden, *weights)
+            local = ops.clip(targets - low, 0, high - low - 1)
+            tail = -ops.take_along_axis(log_probs, local[:, None], axis=1)[:, 0]
+            return ops.where(in_cluster, tail, ops.zeros_like(tail))
+        index = ops.cast(ops.nonzero(in_cluster)[0], "int32")
+        log_probs = self._log_softmax_of(ops.take(hidden, index, axis=0), *weights)
+        local = ops.take(targets, index) - low
+        tail = -ops.take_along_axis(log_probs, local[:, None], axis=1)[:, 0]
+        return ops.scatter(index[:, None], tail, ops.shape(targets))
+
+    def log_probs(self, hidden):
+        """Full log-probabilities, float32 `(..., vocabulary_size)`, summing to one."""
+        lead = ops.shape(hidden)[:-1]
+        flat = ops.reshape(hidden, (-1, self.hidden_dim))
+        head = self._head_log_probs(flat)
+        parts = [head[:, : self.bounds[1]]]
+        for i in range(1, self.n_clusters):
+            column = self.head_column(i)
+            tail = self._log_softmax_of(flat, *self.cluster_weights(i))
+            parts.append(head[:, column : column + 1] + tail)
+        full = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+        return ops.reshape(full, tuple(lead) + (self.vocabulary_size,))
+
+    def compute_output_shape(self, hidden_shape, targets_shape=None):
+        return tuple(hidden_shape[:-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "embedding_dim": self.embedding_dim,
+                "hidden_dim": self.hidden_dim,
+                "cutoffs": self.cutoffs,
+                "div_val": self.div_val,
+                "tie_weight": self.tie_weight,
+                "tie_projs": self.tie_projs,
+                "proj_same_dim": self.proj_same_dim,
+                "cluster_order": self.cluster_order,
+                "tail_mode": self.tail_mode,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "projection_initializer": keras.initializers.serialize(self.projection_initializer),
+            }
+        )
+        return config

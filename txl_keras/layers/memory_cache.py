@@ -1,0 +1,184 @@
+"""The segment-level recurrence memory of Transformer-XL."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class MemoryCache(keras.layers.Layer):
+    """Keeps, for every layer, the last `mem_len` hidden states that entered it.
+
+    New memory of layer `l` = the last `mem_len` positions of
+    `concat([memory_l, input_l[:, :T - ext_len]])` along time, with no gradient into it.
+    Memory of length zero (`mem_len=0`) means no recurrence.
+
+    Functionally, `cache(layer_inputs, memories)` returns the new memories; a stream
+    starts with `memories=None` (no memory: nothing to attend to, not zeros).
+
+    With `stateful=True` the memories live in non-trainable variables of shape
+    `(batch_size, mem_len, hidden_dim)`, plus a count `valid` of how many of the most
+    recent slots hold real positions (the rest are masked by the model). Under
+    `tf.distribute` each replica keeps its own value (`synchronization="on_read"`);
+    under JAX they are tracked non-trainable variables, so they survive `jit`.
+    `read()` returns `(memories, valid)`, `write(memories, valid)` stores them,
+    `reset()` empties them.
+
+    Args:
+        mem_len: int >= 0.
+        num_layers: int, how many memories (one per layer).
+        hidden_dim: int, the width of each memory.
+        ext_len: int >= 0, trailing positions of a segment not cached (PyTorch `ext_len`).
+        stateful: bool, keep the memories in variables.
+        batch_size: int, the per-replica batch size; required when `stateful`.
+        zero_init: bool, a reset memory is `mem_len` zeros that count as valid (the
+            original TF code's behaviour, needed to reproduce its numbers) instead of
+            empty.
+        **kwargs: base layer arguments (`name`, `dtype`).
+
+    Call arguments:
+        layer_inputs: list of `num_layers` tensors `(batch_size, T, hidden_dim)`.
+        memories: `None` or list of `num_layers` tensors `(batch_size, M, hidden_dim)`.
+        mem_len: optional int overriding `mem_len` for this call (evaluation with a
+            longer memory than training).
+
+    Returns:
+        List of `num_layers` tensors `(batch_size, min(mem_len, M + T - ext_len),
+        hidden_dim)`.
+
+    Example:
+    >>> cache = MemoryCache(mem_len=4, num_layers=1, hidden_dim=8)
+    >>> mems = cache([keras.random.normal((2, 3, 8))])
+    >>> mems = cache([keras.random.normal((2, 3, 8))], mems)
+    >>> mems[0].shape
+    (2, 4, 8)
+    """
+
+    def __init__(
+        self,
+        mem_len,
+        num_layers,
+        hidden_dim,
+        ext_len=0,
+        stateful=False,
+        batch_size=None,
+        zero_init=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(mem_len, int) or mem_len < 0:
+            raise ValueError(
+                f"Expected `mem_len` to be a non-negative integer. Received: mem_len={mem_len}"
+            )
+        if stateful and (not isinstance(batch_size, int) or batch_size <= 0):
+            raise ValueError(
+                "A stateful MemoryCache needs the per-replica batch size. Expected "
+                f"`batch_size` to be a positive integer. Received: batch_size={batch_size}"
+            )
+        self.mem_len = mem_len
+        self.num_layers = num_layers
+        self.hidden_dim = hidden_dim
+        self.ext_len = ext_len
+        self.stateful = stateful
+        self.batch_size = batch_size
+        self.zero_init = zero_init
+        if stateful:
+            shape = (batch_size, mem_len, hidden_dim)
+            self.memory_variables = [
+                keras.Variable(
+                    "zeros",
+                    shape=shape,
+                    dtype=self.compute_dtype,
+                    trainable=False,
+                    synchronization="on_read",
+                    aggregation="only_first_replica",
+                    name=f"memory_{i}",
+                )
+                for i in range(num_layers)
+            ]
+            self.valid_variable = keras.Variable(
+                mem_len if zero_init else 0,
+                shape=(),
+                dtype="int32",
+                trainable=False,
+                synchronization="on_read",
+                aggregation="only_first_replica",
+                name="memory_valid",
+            )
+        self.built = True
+
+    def initial_memories(self, batch_size):
+        """The memories a stream starts with: `None` (empty), or zeros if `zero_init`."""
+        if not self.zero_init or self.mem_len == 0:
+            return None
+        zeros = ops.zeros((batch_size, self.mem_len, self.hidden_dim), self.compute_dtype)
+        return [zeros] * self.num_layers
+
+    def call(self, layer_inputs, memories=None, mem_len=None):
+        mem_len = self.mem_len if mem_len is None else mem_len
+        if mem_len == 0:
+            return memories if memories is not None else self._empty(layer_inputs[0])
+        new_memories = []
+        for i, layer_input in enumerate(layer_inputs):
+            layer_input = ops.cast(layer_input, self.compute_dtype)
+            if self.ext_len:
+                layer_input = layer_input[:, : ops.shape(layer_input)[1] - self.ext_len]
+            if memories is not None:
+                joined = ops.concatenate([ops.cast(memories[i], self.compute_dtype), layer_input], 1)
+            else:
+                joined = layer_input
+            length = ops.shape(joined)[1]
+            if isinstance(length, int):
+                start = max(0, length - mem_len)
+            else:
+                start = ops.maximum(0, length - mem_len)
+            new_memories.append(ops.stop_gradient(joined[:, start:]))
+        return new_memories
+
+    def _empty(self, reference):
+        shape = ops.shape(reference)
+        empty = ops.zeros((shape[0], 0, self.hidden_dim), self.compute_dtype)
+        return [empty] * self.num_layers
+
+    def read(self):
+        """The stored `(memories, valid)`: list of `(batch_size, mem_len, hidden_dim)`
+        tensors and an int32 scalar."""
+        self._check_stateful("read")
+        return [v.value for v in self.memory_variables], self.valid_variable.value
+
+    def write(self, memories, valid):
+        """Store memories of shape `(batch_size, mem_len, hidden_dim)` and the count of
+        valid slots."""
+        self._check_stateful("write")
+        for variable, memory in zip(self.memory_variables, memories):
+            variable.assign(ops.cast(memory, variable.dtype))
+        self.valid_variable.assign(ops.cast(valid, "int32"))
+
+    def reset(self):
+        """Empty the stored memories (zeros that count as valid if `zero_init`)."""
+        self._check_stateful("reset")
+        for variable in self.memory_variables:
+            variable.assign(ops.zeros(variable.shape, variable.dtype))
+        self.valid_variable.assign(self.mem_len if self.zero_init else 0)
+
+    def _check_stateful(self, what):
+        if not self.stateful:
+            raise ValueError(
+                f"Cannot {what} the memory of a MemoryCache built with stateful=False; "
+                "pass memories in and out of the call instead, or build it with "
+                "stateful=True and a batch_size."
+            )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "mem_len": self.mem_len,
+                "num_layers": self.num_layers,
+                "hidden_dim": self.hidden_dim,
+                "ext_len": self.ext_len,
+                "stateful": self.stateful,
+                "batch_size": self.batch_size,
+                "zero_init": self.zero_init,
+            }
+        )
+        return config

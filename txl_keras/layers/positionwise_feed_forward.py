@@ -1,0 +1,102 @@
+"""The position-wise feed-forward sub-layer of a Transformer-XL block."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class PositionwiseFeedForward(keras.layers.Layer):
+    """Dense(ReLU) -> dropout -> Dense -> dropout -> residual -> layer norm.
+
+    Both dense layers have biases (unlike the attention projections). Post-norm by
+    default; with `pre_lnorm` the input is normalised first and the residual adds the
+    un-normalised input, as in the original PyTorch code.
+
+    Args:
+        inner_dim: int, `d_inner`.
+        dropout: float, applied after the ReLU and after the second dense layer.
+        pre_lnorm: bool.
+        layer_norm_epsilon: float.
+        kernel_initializer: initializer of both kernels (biases start at zero).
+        **kwargs: base layer arguments (`name`, `dtype`).
+
+    Call arguments:
+        inputs: `(batch_size, T, hidden_dim)`.
+        training: bool, enables dropout.
+
+    Returns:
+        `(batch_size, T, hidden_dim)`.
+
+    Example:
+    >>> PositionwiseFeedForward(inner_dim=16)(keras.random.normal((2, 3, 8))).shape
+    (2, 3, 8)
+    """
+
+    def __init__(
+        self,
+        inner_dim,
+        dropout=0.0,
+        pre_lnorm=False,
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.inner_dim = inner_dim
+        self.dropout = dropout
+        self.pre_lnorm = pre_lnorm
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.layer_1 = keras.layers.Dense(
+            inner_dim,
+            activation="relu",
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="layer_1",
+        )
+        self.layer_2 = None
+        self.inner_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm"
+        )
+
+    def build(self, inputs_shape):
+        hidden_dim = inputs_shape[-1]
+        self.layer_2 = keras.layers.Dense(
+            hidden_dim,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="layer_2",
+        )
+        self.layer_1.build(inputs_shape)
+        self.layer_2.build(tuple(inputs_shape[:-1]) + (self.inner_dim,))
+        self.layer_norm.build(inputs_shape)
+        self.built = True
+
+    def _norm(self, x):
+        return ops.cast(self.layer_norm(ops.cast(x, "float32")), self.compute_dtype)
+
+    def call(self, inputs, training=False):
+        x = self._norm(inputs) if self.pre_lnorm else inputs
+        x = self.inner_dropout(self.layer_1(x), training=training)
+        x = self.output_dropout(self.layer_2(x), training=training)
+        if self.pre_lnorm:
+            return inputs + x
+        return self._norm(inputs + x)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "inner_dim": self.inner_dim,
+                "dropout": self.dropout,
+                "pre_lnorm": self.pre_lnorm,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

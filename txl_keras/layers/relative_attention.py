@@ -1,0 +1,188 @@
+"""Transformer-XL multi-head attention over [memory, segment] with relative positions."""
+
+import keras
+from keras import ops
+
+from txl_keras.layers.relative_shift import relative_shift
+
+# Added to blocked scores in float32; softmax always runs in float32, so this neither
+# overflows in float16/bfloat16 nor lets a blocked key through.
+MASK_VALUE = -1e30
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class RelativeAttention(keras.layers.Layer):
+    """Relative multi-head attention of Transformer-XL, with residual and layer norm.
+
+    The segment `h` attends to `concat([memory, h])`. One fused bias-free projection
+    gives queries (current rows only), keys and values. The score of query `i` and key
+    `j` at distance `d = M + i - j` is
+
+        (q_i + u) . k_j  +  rel_shift((q_i + v) . r_d)  (+ b_d)
+
+    scaled by `1/sqrt(head_dim)`, masked, soft-maxed in float32 over keys (then
+    `attention_dropout`). `u` and `v` are the global content and position biases
+    (`r_w_bias`, `r_r_bias`), passed in because the model shares them across layers
+    unless `untie_r`. With `position_projection=True` (attn_type 0) the sinusoid
+    encoding is projected by a bias-free `r` kernel; with `False` (attn_type 1, Shaw et
+    al.) the caller passes learned per-head position keys `r` and a score bias `b`.
+    Without `position_encoding` it is plain causal attention (attn_type 2 and 3, whose
+    positions are added to the inputs). The output is projected without bias,
+    dropped out and added to the input; post-norm applies layer norm to the sum,
+    `pre_lnorm` normalises `[memory, h]` before the projection instead.
+
+    Args:
+        num_heads: int, `H`.
+        head_dim: int, `Dh`.
+        dropout: float, dropout on the attention output.
+        attention_dropout: float, dropout on the attention probabilities (`dropatt`).
+        position_projection: bool, project a `(K, hidden_dim)` sinusoid encoding.
+        pre_lnorm: bool, pre-norm instead of the default post-norm.
+        layer_norm_epsilon: float.
+        kernel_initializer: initializer of the three kernels.
+        **kwargs: base layer arguments (`name`, `dtype`).
+
+    Call arguments:
+        inputs: `(batch_size, T, hidden_dim)`, the segment.
+        memory: optional `(batch_size, M, hidden_dim)`, this layer's memory.
+        position_encoding: optional; `(K, hidden_dim)` with `position_projection`,
+            else `(K, H, Dh)`; row `c` encodes distance `K - 1 - c`, `K = M + T`.
+        content_bias: optional `(H, Dh)`, `u`.
+        position_bias: optional `(H, Dh)`, `v`.
+        position_score_bias: optional `(K, H)`, `b` (attn_type 1).
+        attention_mask: optional boolean `(T, K)`, True where allowed.
+        training: bool, enables dropout.
+
+    Returns:
+        `(batch_size, T, hidden_dim)`.
+
+    Example:
+    >>> layer = RelativeAttention(num_heads=2, head_dim=4)
+    >>> h, mem = keras.random.normal((3, 5, 8)), keras.random.normal((3, 6, 8))
+    >>> layer(h, memory=mem, position_encoding=keras.random.normal((11, 8))).shape
+    (3, 5, 8)
+
+    References:
+        Dai et al., "Transformer-XL", ACL 2019, section 3.3 and appendix B.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        dropout=0.0,
+        attention_dropout=0.0,
+        position_projection=True,
+        pre_lnorm=False,
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.position_projection = position_projection
+        self.pre_lnorm = pre_lnorm
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.probs_dropout = keras.layers.Dropout(attention_dropout, dtype=self.dtype_policy)
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm"
+        )
+
+    def build(self, inputs_shape, *args, **kwargs):
+        hidden_dim = inputs_shape[-1]
+        inner = self.num_heads * self.head_dim
+        self.qkv_kernel = self.add_weight(
+            name="qkv_kernel", shape=(hidden_dim, 3 * inner), initializer=self.kernel_initializer
+        )
+        if self.position_projection:
+            self.r_kernel = self.add_weight(
+                name="r_kernel", shape=(hidden_dim, inner), initializer=self.kernel_initializer
+            )
+        self.o_kernel = self.add_weight(
+            name="o_kernel", shape=(inner, hidden_dim), initializer=self.kernel_initializer
+        )
+        self.layer_norm.build(inputs_shape)
+        self.built = True
+
+    def _norm(self, x):
+        return ops.cast(self.layer_norm(ops.cast(x, "float32")), self.compute_dtype)
+
+    def _heads(self, x):
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[1], self.num_heads, self.head_dim))
+
+    def call(
+        self,
+        inputs,
+        memory=None,
+        position_encoding=None,
+        content_bias=None,
+        position_bias=None,
+        position_score_bias=None,
+        attention_mask=None,
+        training=False,
+    ):
+        inner = self.num_heads * self.head_dim
+        query_input = self._norm(inputs) if self.pre_lnorm else inputs
+        context = query_input
+        if memory is not None:
+            memory = ops.cast(memory, self.compute_dtype)
+            context = ops.concatenate(
+                [self._norm(memory) if self.pre_lnorm else memory, query_input], axis=1
+            )
+        q_kernel, kv_kernel = ops.split(self.qkv_kernel, [inner], axis=1)
+        q = self._heads(ops.matmul(query_input, q_kernel))
+        k, v = ops.split(ops.matmul(context, kv_kernel), 2, axis=-1)
+        k, v = self._heads(k), self._heads(v)
+
+        content_q = q if content_bias is None else q + ops.cast(content_bias, q.dtype)
+        scores = ops.einsum("bihd,bjhd->bhij", content_q, k)
+        if position_encoding is not None:
+            r = ops.cast(position_encoding, self.compute_dtype)
+            if self.position_projection:
+                r = ops.matmul(r, self.r_kernel)
+            r = ops.reshape(r, (-1, self.num_heads, self.head_dim))
+            position_q = q if position_bias is None else q + ops.cast(position_bias, q.dtype)
+            position_scores = ops.einsum("bihd,jhd->bhij", position_q, r)
+            if position_score_bias is not None:
+                bias = ops.transpose(ops.cast(position_score_bias, position_scores.dtype))
+                position_scores = position_scores + bias[None, :, None, :]
+            scores = scores + relative_shift(position_scores)
+
+        scores = ops.cast(scores, "float32") * (1.0 / self.head_dim**0.5)
+        if attention_mask is not None:
+            scores = ops.where(attention_mask[None, None], scores, MASK_VALUE)
+        probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+        probs = self.probs_dropout(probs, training=training)
+
+        attended = ops.einsum("bhij,bjhd->bihd", probs, v)
+        shape = ops.shape(attended)
+        attended = ops.reshape(attended, (shape[0], shape[1], inner))
+        output = self.output_dropout(ops.matmul(attended, self.o_kernel), training=training)
+        if self.pre_lnorm:
+            return inputs + output
+        return self._norm(inputs + output)
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "position_projection": self.position_projection,
+                "pre_lnorm": self.pre_lnorm,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

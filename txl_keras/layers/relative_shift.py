@@ -1,0 +1,33 @@
+"""The relative shift that aligns position scores with query-key distances."""
+
+from keras import ops
+
+
+def relative_shift(scores):
+    """Turn scores indexed by position column into scores indexed by key.
+
+    `scores[..., i, c]` holds the score of query `i` against the position encoding in
+    column `c`, which encodes distance `K - 1 - c` (the descending order used by
+    Transformer-XL). The result holds, at `[..., i, j]`, the score for distance
+    `M + i - j` where `M = K - T`, i.e. query `i` against key `j`. Entries with
+    `j > M + i` (future keys) are garbage and must be masked, as in the original.
+
+    It is the pad-and-reshape trick of the original code: pad one zero column on the
+    left of the key axis, view the `(T, K + 1)` buffer as `(K + 1, T)`, drop the first
+    row and view the rest as `(T, K)`.
+
+    Args:
+        scores: tensor of shape `(..., T, K)` with `K >= T`.
+
+    Returns:
+        Tensor of shape `(..., T, K)`.
+    """
+    shape = ops.shape(scores)
+    lead = list(shape[:-2])
+    query_length, key_length = shape[-2], shape[-1]
+    pad = [[0, 0]] * (len(lead)) + [[0, 0], [1, 0]]
+    padded = ops.pad(scores, pad)
+    flat = ops.reshape(padded, lead + [-1])
+    # Dropping the first row of the (K + 1, T) view is dropping the first T entries.
+    flat = flat[..., query_length:]
+    return ops.reshape(flat, lead + [query_length, key_length])

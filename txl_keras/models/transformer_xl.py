@@ -1,0 +1,309 @@
+"""`TransformerXL`: the backbone that maps token ids and memory to hidden states."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
+from txl_keras.layers.attention_mask import causal_attention_mask
+from txl_keras.layers.memory_cache import MemoryCache
+from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
+from txl_keras.layers.transformer_xl_block import TransformerXLBlock
+from txl_keras.models.config import TransformerXLConfig
+
+
+def initializers(config):
+    """`(main, projection)` initializers of a config (`init`, `init_std`, ...)."""
+    if config.init == "uniform":
+        uniform = keras.initializers.RandomUniform(-config.init_range, config.init_range)
+        return uniform, uniform
+    return (
+        keras.initializers.RandomNormal(0.0, config.init_std),
+        keras.initializers.RandomNormal(0.0, config.proj_init_std),
+    )
+
+
+def as_config(config):
+    if isinstance(config, TransformerXLConfig):
+        return config
+    if isinstance(config, dict):
+        return TransformerXLConfig.from_dict(config)
+    raise TypeError(
+        f"Expected a TransformerXLConfig or a dict of its fields. Received: {type(config).__name__}"
+    )
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class TransformerXL(keras.Model):
+    """Transformer-XL backbone: token ids (and memory) -> hidden states (and memory).
+
+    Adaptive input embedding scaled by `sqrt(d_model)`, dropout, `n_layer`
+    `TransformerXLBlock`s attending to their memory, dropout. Positions follow
+    `config.attn_type` (0: the paper's relative encoding with global biases `u`, `v`
+    shared across layers unless `untie_r`; 1: learned relative; 2: absolute sinusoid;
+    3: learned absolute per layer). Each layer's memory is the input it saw over the
+    last `mem_len` positions (`MemoryCache`).
+
+    Args:
+        config: `TransformerXLConfig` (or a dict of its fields).
+        stateful: bool, keep the memory in variables across calls (for `fit` on an
+            ordered stream dataset); `reset_memory()` clears it.
+        batch_size: int, the per-replica batch size, required when `stateful`.
+        **kwargs: `name`, `dtype` (a dtype policy such as "mixed_bfloat16").
+
+    Call arguments:
+        tokens: int `(batch_size, T)`, ids in `[0, n_token)`.
+        mems: `None` to start a stream (or in stateful mode), or the list of `n_layer`
+            tensors `(batch_size, M, d_model)` returned by the previous call.
+        training: bool, enables dropout.
+        mem_len, clamp_len, same_length: optional overrides of the config for this call
+            (evaluation uses longer memory than training). Not in stateful mode for
+            `mem_len`.
+
+    Returns:
+        dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
+        `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)`.
+
+    Example:
+    >>> model = TransformerXL(TransformerXLConfig.from_preset("tiny"))
+    >>> out = model(np.zeros((2, 8), "int32"))
+    >>> out = model(np.zeros((2, 8), "int32"), mems=out["mems"])
+    >>> out["hidden"].shape, out["mems"][0].shape
+    ((2, 8, 16), (2, 8, 16))
+    """
+
+    def __init__(self, config, stateful=False, batch_size=None, **kwargs):
+        super().__init__(**kwargs)
+        config = as_config(config)
+        self.config = config
+        self.stateful = stateful
+        self.batch_size = batch_size
+        init, proj_init = initializers(config)
+        self._init = init
+        self.word_emb = AdaptiveEmbedding(
+            config.n_token,
+            config.d_embed,
+            config.d_model,
+            cutoffs=config.cutoffs,
+            div_val=config.div_val,
+            proj_same_dim=config.proj_same_dim,
+            embeddings_initializer=init,
+            projection_initializer=proj_init,
+            dtype=self.dtype_policy,
+            name="adaptive_embed",
+        )
+        self.pos_emb = PositionalEmbedding(config.d_model, dtype=self.dtype_policy, name="pos_emb")
+        self.emb_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
+        self.pos_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
+        self.out_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
+        self.blocks = [
+            TransformerXLBlock(
+                config.n_head,
+                config.d_head,
+                config.d_inner,
+                dropout=config.dropout,
+                attention_dropout=config.dropatt,
+                position_projection=config.attn_type == 0,
+                pre_lnorm=config.pre_lnorm,
+                layer_norm_epsilon=config.layer_norm_epsilon,
+                kernel_initializer=init,
+                dtype=self.dtype_policy,
+                name=f"layer_{i}",
+            )
+            for i in range(config.n_layer)
+        ]
+        self.memory = MemoryCache(
+            config.mem_len,
+            config.n_layer,
+            config.d_model,
+            ext_len=config.ext_len,
+            stateful=stateful,
+            batch_size=batch_size,
+            zero_init=config.mem_init == "zeros",
+            dtype=self.dtype_policy,
+            name="memory",
+        )
+
+    def build(self, tokens_shape=None):
+        c = self.config
+        tokens_shape = tuple(tokens_shape or (None, c.tgt_len))
+        hidden_shape = tokens_shape[:2] + (c.d_model,)
+        self.word_emb.build(tokens_shape)
+        for block in self.blocks:
+            block.build(hidden_shape)
+        heads = (c.n_head, c.d_head)
+        if c.attn_type == 0:
+            bias_shape = (c.n_layer,) + heads if c.untie_r else heads
+            self.r_w_bias = self.add_weight(name="r_w_bias", shape=bias_shape, initializer=self._init)
+            self.r_r_bias = self.add_weight(name="r_r_bias", shape=bias_shape, initializer=self._init)
+        elif c.attn_type == 1:
+            self.r_w_bias = self.add_weight(
+                name="r_w_bias", shape=(c.n_layer,) + heads, initializer=self._init
+            )
+            self.r_emb = self.add_weight(
+                name="r_emb", shape=(c.n_layer, c.max_klen) + heads, initializer=self._init
+            )
+            self.r_bias = self.add_weight(
+                name="r_bias", shape=(c.n_layer, c.max_klen, c.n_head), initializer="zeros"
+            )
+        elif c.attn_type == 3:
+            self.r_emb = self.add_weight(
+                name="r_emb", shape=(c.n_layer, c.max_klen, c.d_model), initializer=self._init
+            )
+        self.built = True
+
+    # -- checks at the edge -------------------------------------------------------------
+
+    def _check_inputs(self, tokens, mems):
+        c = self.config
+        if len(tokens.shape) != 2:
+            raise ValueError(
+                f"Expected `tokens` of shape (batch_size, time). Received shape {tuple(tokens.shape)}"
+            )
+        if _is_concrete(tokens):
+            values = ops.convert_to_numpy(tokens)
+            if values.size and (values.min() < 0 or values.max() >= c.n_token):
+                raise ValueError(
+                    f"Token ids must be in [0, n_token={c.n_token}). Received ids in "
+                    f"[{values.min()}, {values.max()}]; check the vocabulary the data was "
+                    "encoded with against the model's n_token."
+                )
+        if mems is None:
+            return
+        if self.stateful:
+            raise ValueError(
+                "This model is stateful: it keeps its memory internally. Do not pass `mems`; "
+                "call `reset_memory()` to start new streams, or build it with stateful=False."
+            )
+        if not isinstance(mems, (list, tuple)) or len(mems) != c.n_layer:
+            count = len(mems) if isinstance(mems, (list, tuple)) else type(mems).__name__
+            raise ValueError(
+                f"Expected `mems` to be a list of n_layer={c.n_layer} tensors (one per layer), "
+                f"as returned in out['mems']. Received: {count}"
+            )
+        lengths = set()
+        for i, mem in enumerate(mems):
+            shape = tuple(mem.shape)
+            batch_ok = shape[0] is None or tokens.shape[0] is None or shape[0] == tokens.shape[0]
+            if len(shape) != 3 or shape[2] != c.d_model or not batch_ok:
+                raise ValueError(
+                    f"Expected mems[{i}] of shape (batch_size={tokens.shape[0]}, mem_len, "
+                    f"d_model={c.d_model}). Received shape {shape}"
+                )
+            lengths.add(shape[1])
+        if len(lengths) > 1:
+            raise ValueError(f"Expected all mems to have the same length. Received lengths {sorted(lengths)}")
+
+    # -- the forward pass ------------------------------------------------------------------
+
+    def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None, same_length=None):
+        c = self.config
+        self._check_inputs(tokens, mems)
+        if mem_len is not None and self.stateful and mem_len != c.mem_len:
+            raise ValueError(
+                f"A stateful model keeps mem_len={c.mem_len}; use a stateless model "
+                f"(stateful=False) to run with mem_len={mem_len}."
+            )
+        mem_len = c.mem_len if mem_len is None else mem_len
+        clamp_len = c.clamp_len if clamp_len is None else clamp_len
+        same_length = c.same_length if same_length is None else same_length
+
+        memory_valid = None
+        if self.stateful:
+            mems, memory_valid = self.memory.read()
+        elif mems is None:
+            mems = self.memory.initial_memories(ops.shape(tokens)[0]) if mem_len else None
+        query_length = ops.shape(tokens)[1]
+        memory_length = 0 if mems is None else ops.shape(mems[0])[1]
+        key_length = memory_length + query_length
+
+        max_distance = None
+        if same_length:
+            max_distance = mem_len if c.same_length_convention == "tf" else mem_len - 1
+        mask = causal_attention_mask(query_length, memory_length, memory_valid, max_distance)
+
+        hidden = self.word_emb(tokens)
+        layer_inputs = []
+        positions = relative_positions(key_length)
+        if c.attn_type in (0, 2):
+            pos_emb = self.pos_emb(positions, clamp_len=clamp_len)
+        if c.attn_type == 2:
+            hidden = hidden + pos_emb[memory_length:]
+        hidden = self.emb_dropout(hidden, training=training)
+        if c.attn_type == 0:
+            pos_emb = self.pos_dropout(pos_emb, training=training)
+        elif c.attn_type == 1:
+            rows = self._learned_relative_rows(positions, clamp_len)
+        elif c.attn_type == 3:
+            rows = ops.maximum(ops.arange(key_length) + (c.max_klen - key_length), 0)
+
+        for i, block in enumerate(self.blocks):
+            layer_inputs.append(hidden)
+            memory = None if mems is None else mems[i]
+            kwargs = {}
+            if c.attn_type == 0:
+                kwargs = dict(
+                    position_encoding=pos_emb,
+                    content_bias=self.r_w_bias[i] if c.untie_r else self.r_w_bias,
+                    position_bias=self.r_r_bias[i] if c.untie_r else self.r_r_bias,
+                )
+            elif c.attn_type == 1:
+                kwargs = dict(
+                    position_encoding=ops.take(self.r_emb[i], rows, axis=0),
+                    content_bias=self.r_w_bias[i],
+                    position_score_bias=ops.take(self.r_bias[i], rows, axis=0),
+                )
+            elif c.attn_type == 2 and i == 0 and memory is not None:
+                memory = ops.cast(memory, self.compute_dtype) + pos_emb[:memory_length]
+            elif c.attn_type == 3:
+                absolute = ops.cast(ops.take(self.r_emb[i], rows, axis=0), self.compute_dtype)
+                hidden = hidden + absolute[memory_length:]
+                if memory is not None:
+                    memory = ops.cast(memory, self.compute_dtype) + absolute[:memory_length]
+            hidden = block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs)
+
+        new_mems = self.memory(layer_inputs, mems, mem_len=mem_len)
+        if self.stateful:
+            cached = query_length - c.ext_len
+            self.memory.write(new_mems, ops.minimum(mem_len, memory_valid + cached))
+        hidden = self.out_dropout(hidden, training=training)
+        return {"hidden": hidden, "mems": new_mems}
+
+    def _learned_relative_rows(self, positions, clamp_len):
+        """attn_type 1: table row of each descending distance (far distances share the
+        oldest row, as the original pads with it)."""
+        table = self.config.max_klen
+        window = min(clamp_len, table) if clamp_len > 0 else table
+        distances = ops.minimum(ops.cast(positions, "int32"), window - 1)
+        return table - 1 - distances
+
+    def reset_memory(self):
+        """Clear the memory of a stateful model (start new streams)."""
+        self.memory.reset()
+
+    def get_config(self):
+        return {
+            "config": self.config.to_dict(),
+            "stateful": self.stateful,
+            "batch_size": self.batch_size,
+            **{k: v for k, v in super().get_config().items() if k in ("name", "trainable", "dtype")},
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def _is_concrete(x):
+    """True for eager tensors and arrays whose values can be read now."""
+    if isinstance(x, np.ndarray):
+        return True
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.executing_eagerly() and not isinstance(x, keras.KerasTensor) and hasattr(x, "numpy")
+    if keras.config.backend() == "jax":
+        import jax
+
+        return not isinstance(x, (jax.core.Tracer, keras.KerasTensor))
+    return not isinstance(x, keras.KerasTensor)

@@ -1,0 +1,148 @@
+"""`TransformerXLLM`: the backbone plus the tied adaptive-softmax language-model head."""
+
+import keras
+from keras import ops
+
+from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
+from txl_keras.models.transformer_xl import TransformerXL, as_config, initializers
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class TransformerXLLM(keras.Model):
+    """Transformer-XL language model: `TransformerXL` + `AdaptiveSoftmax` head.
+
+    The contract every other part of txl_keras relies on:
+
+        out = model(tokens, targets=None, mems=None, training=False)
+
+    `out["nll"]` `(batch_size, T)` float32 is the negative log-likelihood (nats) of each
+    target when `targets` are given, `out["mems"]` is the memory to pass to the next
+    call (`mems=None` starts a stream), `out["hidden"]` the final hidden states, and
+    `out["log_probs"]` `(batch_size, T, n_token)` the full log-probabilities when
+    `return_log_probs=True`.
+
+    With `stateful=True` the memory stays inside the model, so `model.fit` on an
+    ordered dataset of `(inputs, targets)` batches (never shuffled, a fixed batch size)
+    trains with memory; `reset_memory()` starts new streams. The training loss is the
+    mean NLL.
+
+    Args:
+        config: `TransformerXLConfig` (or a dict of its fields).
+        stateful: bool.
+        batch_size: int, per-replica batch size, required when `stateful`.
+        tail_mode: adaptive-softmax tail computation ("auto", "gather", "dense").
+        **kwargs: `name`, `dtype` (a dtype policy such as "mixed_bfloat16").
+
+    Call arguments:
+        tokens: int `(batch_size, T)`.
+        targets: optional int `(batch_size, T)`.
+        mems: optional list of `n_layer` tensors `(batch_size, M, d_model)`.
+        training: bool.
+        return_log_probs: bool.
+        mem_len, clamp_len, same_length: optional per-call overrides (evaluation).
+
+    Example:
+    >>> model = TransformerXLLM(TransformerXLConfig.from_preset("tiny"))
+    >>> x = np.zeros((2, 8), "int32")
+    >>> out = model(x, targets=x)
+    >>> out = model(x, targets=x, mems=out["mems"])
+    >>> out["nll"].shape
+    (2, 8)
+    """
+
+    def __init__(self, config, stateful=False, batch_size=None, tail_mode="auto", **kwargs):
+        super().__init__(**kwargs)
+        config = as_config(config)
+        self.config = config
+        self.stateful = stateful
+        self.batch_size = batch_size
+        self.tail_mode = tail_mode
+        self.backbone = TransformerXL(
+            config, stateful=stateful, batch_size=batch_size, dtype=self.dtype_policy, name="transformer"
+        )
+        init, proj_init = initializers(config)
+        self.softmax = AdaptiveSoftmax(
+            config.n_token,
+            config.d_embed,
+            config.d_model,
+            cutoffs=config.cutoffs,
+            div_val=config.div_val,
+            tie_weight=config.tie_weight,
+            tie_projs=config.resolved_tie_projs,
+            proj_same_dim=config.proj_same_dim,
+            cluster_order=config.cluster_order,
+            tail_mode=tail_mode,
+            embedding=self.backbone.word_emb,
+            kernel_initializer=init,
+            projection_initializer=proj_init,
+            dtype=self.dtype_policy,
+            name="adaptive_softmax",
+        )
+
+    def build(self, tokens_shape=None):
+        tokens_shape = tuple(tokens_shape or (None, self.config.tgt_len))
+        self.backbone.build(tokens_shape)
+        self.softmax.build(tokens_shape + (self.config.d_model,), tokens_shape)
+        self.built = True
+
+    def call(
+        self,
+        tokens,
+        targets=None,
+        mems=None,
+        training=False,
+        return_log_probs=False,
+        mem_len=None,
+        clamp_len=None,
+        same_length=None,
+    ):
+        out = dict(
+            self.backbone(
+                tokens,
+                mems=mems,
+                training=training,
+                mem_len=mem_len,
+                clamp_len=clamp_len,
+                same_length=same_length,
+            )
+        )
+        if targets is not None:
+            if tuple(targets.shape) != tuple(tokens.shape):
+                raise ValueError(
+                    f"Expected `targets` of the same shape as `tokens` {tuple(tokens.shape)}. "
+                    f"Received shape {tuple(targets.shape)}"
+                )
+            self.backbone._check_inputs(targets, None)
+            out["nll"] = self.softmax(out["hidden"], targets)
+        if return_log_probs:
+            out["log_probs"] = self.softmax.log_probs(out["hidden"])
+        return out
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Mean NLL of `y` (the targets) for `model.fit` / `model.evaluate`."""
+        nll = self.softmax(y_pred["hidden"], y)
+        if sample_weight is not None:
+            weight = ops.cast(sample_weight, nll.dtype)
+            loss = ops.sum(nll * weight) / ops.maximum(ops.sum(weight), 1e-9)
+        else:
+            loss = ops.mean(nll)
+        for extra in self.losses:
+            loss = loss + ops.cast(extra, loss.dtype)
+        return loss
+
+    def reset_memory(self):
+        """Clear the memory of a stateful model (start new streams)."""
+        self.backbone.reset_memory()
+
+    def get_config(self):
+        return {
+            "config": self.config.to_dict(),
+            "stateful": self.stateful,
+            "batch_size": self.batch_size,
+            "tail_mode": self.tail_mode,
+            **{k: v for k, v in super().get_config().items() if k in ("name", "trainable", "dtype")},
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
