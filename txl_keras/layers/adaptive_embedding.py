@@ -142,6 +142,12 @@ class AdaptiveEmbedding(keras.layers.Layer):
             embedded = part if embedded is None else embedded + part
         return ops.cast(embedded, self.compute_dtype) * scale
 
+    def _built_projections(self):
+        """Which clusters have a projection (builds the layer if needed)."""
+        if not self.built:
+            self.build()
+        return [p is not None for p in self.projections]
+
     def compute_output_shape(self, tokens_shape):
         return tuple(tokens_shape) + (self.hidden_dim,)
 

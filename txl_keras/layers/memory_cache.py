@@ -2,6 +2,7 @@
 
 import keras
 from keras import ops
+from keras.src.utils import tracking
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -21,7 +22,9 @@ class MemoryCache(keras.layers.Layer):
     `tf.distribute` each replica keeps its own value (`synchronization="on_read"`);
     under JAX they are tracked non-trainable variables, so they survive `jit`.
     `read()` returns `(memories, valid)`, `write(memories, valid)` stores them,
-    `reset()` empties them.
+    `reset()` empties them. These variables are state, not weights: they are listed in
+    `variables` (not `weights`), so weight files of stateful and stateless models are
+    interchangeable.
 
     Args:
         mem_len: int >= 0.
@@ -81,30 +84,43 @@ class MemoryCache(keras.layers.Layer):
         self.stateful = stateful
         self.batch_size = batch_size
         self.zero_init = zero_init
+        self.memory_variables, self.valid_variable = [], None
         if stateful:
-            shape = (batch_size, mem_len, hidden_dim)
-            self.memory_variables = [
-                keras.Variable(
-                    "zeros",
-                    shape=shape,
-                    dtype=self.compute_dtype,
-                    trainable=False,
-                    synchronization="on_read",
-                    aggregation="only_first_replica",
-                    name=f"memory_{i}",
-                )
-                for i in range(num_layers)
-            ]
-            self.valid_variable = keras.Variable(
-                mem_len if zero_init else 0,
-                shape=(),
-                dtype="int32",
+            self._create_state_variables()
+        self.built = True
+
+    @tracking.no_automatic_dependency_tracking
+    def _create_state_variables(self):
+        # Like keras.layers.RNN's states: not weights (so weight files of stateful and
+        # stateless models are interchangeable) but listed in `variables`, which JAX's
+        # stateless calls thread through jit.
+        shape = (self.batch_size, self.mem_len, self.hidden_dim)
+        self.memory_variables = [
+            keras.Variable(
+                "zeros",
+                shape=shape,
+                dtype=self.compute_dtype,
                 trainable=False,
                 synchronization="on_read",
                 aggregation="only_first_replica",
-                name="memory_valid",
+                name=f"memory_{i}",
             )
-        self.built = True
+            for i in range(self.num_layers)
+        ]
+        self.valid_variable = keras.Variable(
+            self.mem_len if self.zero_init else 0,
+            shape=(),
+            dtype="int32",
+            trainable=False,
+            synchronization="on_read",
+            aggregation="only_first_replica",
+            name="memory_valid",
+        )
+
+    @property
+    def variables(self):
+        state = self.memory_variables + ([self.valid_variable] if self.stateful else [])
+        return super().variables + state
 
     def initial_memories(self, batch_size):
         """The memories a stream starts with: `None` (empty), or zeros if `zero_init`."""

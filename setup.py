@@ -1,0 +1,23 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="txl_keras",
+    version="0.1.0",
+    description="Transformer-XL (Dai et al., 2019) for Keras 3 and TensorFlow 2",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["txl_keras", "txl_keras.*", "tf_records", "tf_records.*"]),
+    py_modules=["train_gpu", "train_tpu"],
+    install_requires=[
+        "tensorflow>=2.16",
+        "keras>=3.5",
+        "tensorflow-datasets>=4.9",
+        "absl-py>=1.0",
+        "numpy",
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+        "jax": ["jax[cpu]>=0.4.30"],
+    },
+)

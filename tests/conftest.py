@@ -1,0 +1,71 @@
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_policy():
+    keras.utils.set_random_seed(1234)
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def to_np(x):
+    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+
+
+def attention_weights(layer):
+    """The numpy weights of a RelativeAttention layer, in tests/reference.py's format."""
+    w = {
+        "qkv": to_np(layer.qkv_kernel),
+        "o": to_np(layer.o_kernel),
+        "gamma": to_np(layer.layer_norm.gamma),
+        "beta": to_np(layer.layer_norm.beta),
+    }
+    if layer.position_projection:
+        w["r"] = to_np(layer.r_kernel)
+    return w
+
+
+def feed_forward_weights(layer):
+    return {
+        "k1": to_np(layer.layer_1.kernel),
+        "b1": to_np(layer.layer_1.bias),
+        "k2": to_np(layer.layer_2.kernel),
+        "b2": to_np(layer.layer_2.bias),
+        "gamma": to_np(layer.layer_norm.gamma),
+        "beta": to_np(layer.layer_norm.beta),
+    }
+
+
+def randomize(layer, scale=0.3, seed=0):
+    """Give every weight (biases and norms too) a random value, so no term is zero."""
+    rng = np.random.default_rng(seed)
+    for var in layer.weights:
+        if var.trainable:
+            var.assign(rng.normal(0, scale, var.shape).astype(var.dtype))
+
+
+def gradient(fn, x):
+    """d sum(fn(x)) / dx as numpy (zeros where nothing flows), on TF or JAX."""
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.Variable(x)
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(fn(x))
+        g = tape.gradient(total, x)
+        return np.zeros(x.shape) if g is None else g.numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda v: fn(v).sum())(x))
+    pytest.skip(f"no gradient helper for backend {backend}")

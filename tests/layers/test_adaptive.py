@@ -1,0 +1,134 @@
+import keras
+import numpy as np
+import pytest
+from conftest import randomize, to_np
+from keras import ops
+
+import reference
+from txl_keras.layers import AdaptiveEmbedding, AdaptiveSoftmax
+
+V, E, D = 20, 8, 6
+
+
+def make_pair(cutoffs, div_val, tie_projs, proj_same_dim=True, order="tf", tail_mode="auto"):
+    emb = AdaptiveEmbedding(V, E, D, cutoffs=cutoffs, div_val=div_val, proj_same_dim=proj_same_dim)
+    soft = AdaptiveSoftmax(V, E, D, cutoffs=cutoffs, div_val=div_val, tie_projs=tie_projs,
+                           proj_same_dim=proj_same_dim, cluster_order=order, embedding=emb,
+                           tail_mode=tail_mode)
+    emb.build()
+    soft.build()
+    randomize(emb, seed=1)
+    randomize(soft, seed=2)
+    return emb, soft
+
+
+def reference_clusters(emb, soft):
+    clusters = []
+    for i in range(soft.n_clusters):
+        table, bias, proj = soft.cluster_weights(i)
+        clusters.append((to_np(table), to_np(bias), None if proj is None else to_np(proj)))
+    cw = to_np(soft.cluster_W) if soft.cutoffs else None
+    cb = to_np(soft.cluster_b) if soft.cutoffs else None
+    return clusters, cw, cb
+
+
+CASES = [
+    dict(cutoffs=[], div_val=1, tie_projs=[True]),
+    dict(cutoffs=[5, 12], div_val=1, tie_projs=[False, True, True]),
+    dict(cutoffs=[5, 12], div_val=2, tie_projs=[False, True, True]),
+    dict(cutoffs=[5, 12], div_val=2, tie_projs=[False, False, False], order="pytorch"),
+    dict(cutoffs=[4, 8, 16], div_val=2, tie_projs=[False] * 4, proj_same_dim=False),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_log_probs_match_reference_and_sum_to_one(case):
+    emb, soft = make_pair(**case)
+    h = np.random.default_rng(3).normal(size=(2, 5, D)).astype("float32")
+    got = to_np(soft.log_probs(h))
+    assert got.shape == (2, 5, V)
+    np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-5)
+    clusters, cw, cb = reference_clusters(emb, soft)
+    want = reference.adaptive_log_probs(h.reshape(-1, D).astype(np.float64), clusters, cw, cb,
+                                        case["cutoffs"], V, case.get("order", "tf"))
+    np.testing.assert_allclose(got.reshape(-1, V), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("tail_mode", ["gather", "dense"])
+def test_nll_equals_gathered_log_probs(case, tail_mode):
+    emb, soft = make_pair(**case, tail_mode=tail_mode)
+    rng = np.random.default_rng(4)
+    h = rng.normal(size=(3, 7, D)).astype("float32")
+    targets = rng.integers(0, V, size=(3, 7)).astype("int32")
+    nll = to_np(soft(h, targets))
+    log_probs = to_np(soft.log_probs(h))
+    want = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(nll, want, atol=1e-4)
+
+
+def test_no_cutoffs_is_a_plain_softmax():
+    soft = AdaptiveSoftmax(V, D, D, tie_weight=False, tie_projs=[False])
+    soft.build()
+    randomize(soft)
+    assert soft.own_projections[0] is None  # width == d_model: no projection
+    rng = np.random.default_rng(5)
+    h = rng.normal(size=(4, D)).astype("float32")
+    targets = rng.integers(0, V, size=(4,)).astype("int32")
+    logits = h @ to_np(soft.own_tables[0]).T + to_np(soft.biases[0])
+    want = -reference.log_softmax(logits)[np.arange(4), targets]
+    np.testing.assert_allclose(to_np(soft(h[None], targets[None]))[0], want, atol=1e-5)
+
+
+def test_cluster_order_moves_tail_logits():
+    emb, soft_tf = make_pair([5, 12], 2, [False] * 3, order="tf")
+    soft_pt = AdaptiveSoftmax(V, E, D, cutoffs=[5, 12], div_val=2, tie_projs=[False] * 3,
+                              cluster_order="pytorch", embedding=emb)
+    soft_pt.build()
+    for a, b in zip(soft_pt.weights, soft_tf.weights):
+        a.assign(b)
+    # The same weights with the rows of cluster_W swapped give the same distribution.
+    soft_pt.cluster_W.assign(ops.flip(soft_tf.cluster_W, 0))
+    soft_pt.cluster_b.assign(ops.flip(soft_tf.cluster_b, 0))
+    h = np.random.default_rng(6).normal(size=(1, 4, D)).astype("float32")
+    np.testing.assert_allclose(to_np(soft_pt.log_probs(h)), to_np(soft_tf.log_probs(h)), atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_embedding_matches_reference(case):
+    emb, _ = make_pair(**case)
+    tokens = np.arange(V).reshape(4, 5).astype("int32")
+    tables = [to_np(t) for t in emb.tables]
+    projs = [None if p is None else to_np(p) for p in emb.projections]
+    want = reference.adaptive_embedding(tokens, tables, projs, case["cutoffs"], V, D, case["div_val"])
+    np.testing.assert_allclose(to_np(emb(tokens)), want, atol=1e-4)
+
+
+def test_embedding_projection_rules():
+    assert AdaptiveEmbedding(V, D, D)._built_projections() == [False]
+    assert AdaptiveEmbedding(V, E, D)._built_projections() == [True]
+    # lm1b: cluster 0 already has width d_model and proj_same_dim is False.
+    lm1b = AdaptiveEmbedding(V, 8, 8, cutoffs=[5, 12], div_val=2, proj_same_dim=False)
+    assert lm1b._built_projections() == [False, True, True]
+    wt103 = AdaptiveEmbedding(V, 8, 8, cutoffs=[5, 12], div_val=2, proj_same_dim=True)
+    assert wt103._built_projections() == [True, True, True]
+
+
+def test_bad_cutoffs_and_div_val_are_refused():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        AdaptiveEmbedding(V, E, D, cutoffs=[12, 5])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        AdaptiveEmbedding(V, E, D, cutoffs=[5, 25])
+    with pytest.raises(ValueError, match="divisible by div_val"):
+        AdaptiveEmbedding(V, 6, D, cutoffs=[5, 12], div_val=4)
+    with pytest.raises(ValueError, match="pass `embedding=`"):
+        AdaptiveSoftmax(V, E, D, cutoffs=[5], tie_weight=True).build()
+
+
+def test_serialization_round_trip():
+    emb = AdaptiveEmbedding(V, E, D, cutoffs=[5, 12], div_val=2, proj_same_dim=False)
+    assert AdaptiveEmbedding.from_config(emb.get_config()).get_config() == emb.get_config()
+    soft = AdaptiveSoftmax(V, E, D, cutoffs=[5], tie_weight=False, tie_projs=[False, False],
+                           cluster_order="pytorch")
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(soft))
+    assert restored.get_config() == soft.get_config()

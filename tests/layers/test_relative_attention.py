@@ -1,0 +1,135 @@
+import keras
+import numpy as np
+import pytest
+from conftest import attention_weights, randomize, to_np
+from keras import ops
+
+import reference
+from txl_keras.layers import (
+    PositionalEmbedding,
+    RelativeAttention,
+    causal_attention_mask,
+    relative_positions,
+    relative_shift,
+)
+
+B, T, H, DH, D = 2, 4, 2, 3, 8
+
+
+def test_relative_shift_maps_columns_to_distances():
+    rng = np.random.default_rng(0)
+    for t, m in [(3, 0), (3, 5), (4, 4), (1, 6)]:
+        k = t + m
+        x = rng.normal(size=(2, t, k))
+        shifted = to_np(relative_shift(ops.array(x)))
+        for i in range(t):
+            for j in range(m + i + 1):  # the unmasked region
+                column = k - 1 - (m + i - j)  # column c encodes distance K-1-c
+                assert shifted[0, i, j] == pytest.approx(x[0, i, column])
+                assert shifted[1, i, j] == pytest.approx(x[1, i, column])
+
+
+def test_positional_embedding_matches_sinusoid_formula():
+    layer = PositionalEmbedding(hidden_dim=6, clamp_len=3)
+    got = to_np(layer(relative_positions(5)))
+    want = reference.sinusoid([3, 3, 2, 1, 0], 6)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    unclamped = to_np(layer(relative_positions(5), clamp_len=-1))
+    np.testing.assert_allclose(unclamped, reference.sinusoid([4, 3, 2, 1, 0], 6), atol=1e-6)
+
+
+@pytest.mark.parametrize("t,m,window,valid", [(3, 0, None, None), (3, 4, None, None),
+                                               (3, 4, 4, None), (3, 4, 3, 2), (4, 2, None, 1)])
+def test_mask_matches_definition(t, m, window, valid):
+    got = to_np(causal_attention_mask(t, m, None if valid is None else ops.array(valid), window))
+    for i in range(t):
+        for j in range(m + t):
+            assert bool(got[i, j]) == reference.allowed(i, j, m, window, valid)
+
+
+def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=False):
+    rng = np.random.default_rng(1)
+    layer = RelativeAttention(H, DH, pre_lnorm=pre_lnorm, layer_norm_epsilon=1e-5)
+    h = rng.normal(size=(B, T, D)).astype("float32")
+    mem = rng.normal(size=(B, mem_len, D)).astype("float32") if mem_len else None
+    u, v = rng.normal(size=(2, H, DH)).astype("float32")
+    k = T + mem_len
+    pos = PositionalEmbedding(D, clamp_len=clamp_len)(relative_positions(k))
+    mask = causal_attention_mask(T, mem_len, None if valid is None else ops.array(valid), window)
+    layer(h, memory=mem, position_encoding=pos, content_bias=u, position_bias=v, attention_mask=mask)
+    randomize(layer)
+    got = to_np(layer(h, memory=mem, position_encoding=pos, content_bias=u, position_bias=v,
+                      attention_mask=mask))
+    want = reference.relative_attention(
+        h.astype(np.float64), None if mem is None else mem.astype(np.float64),
+        attention_weights(layer), H, DH, u=u, v=v, clamp_len=clamp_len, window=window,
+        valid=valid, pre_lnorm=pre_lnorm)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_without_memory_matches_brute_force():
+    run_attention(mem_len=0)
+
+
+def test_attention_with_memory_matches_brute_force():
+    run_attention(mem_len=5)
+
+
+def test_attention_same_length_matches_brute_force():
+    run_attention(mem_len=5, window=5)  # TF convention: mem_len + 1 keys
+    run_attention(mem_len=5, window=4)  # PyTorch convention: mem_len keys
+
+
+def test_attention_clamp_len_matches_brute_force():
+    run_attention(mem_len=5, clamp_len=2)
+
+
+def test_attention_masks_empty_memory_slots():
+    run_attention(mem_len=5, valid=2)
+
+
+def test_attention_pre_lnorm_matches_brute_force():
+    run_attention(mem_len=3, pre_lnorm=True)
+
+
+def test_learned_relative_positions_match_brute_force():
+    rng = np.random.default_rng(2)
+    m = 3
+    k = T + m
+    layer = RelativeAttention(H, DH, position_projection=False)
+    h = rng.normal(size=(B, T, D)).astype("float32")
+    mem = rng.normal(size=(B, m, D)).astype("float32")
+    r = rng.normal(size=(k, H, DH)).astype("float32")  # row c: distance k-1-c
+    r_bias = rng.normal(size=(k, H)).astype("float32")
+    u = rng.normal(size=(H, DH)).astype("float32")
+    mask = causal_attention_mask(T, m)
+    layer(h, memory=mem, position_encoding=r, content_bias=u, position_score_bias=r_bias,
+          attention_mask=mask)
+    randomize(layer)
+    got = to_np(layer(h, memory=mem, position_encoding=r, content_bias=u,
+                      position_score_bias=r_bias, attention_mask=mask))
+    want = reference.relative_attention(
+        h.astype(np.float64), mem.astype(np.float64), attention_weights(layer), H, DH, u=u,
+        r_table=lambda d: r[k - 1 - d], r_bias_table=lambda d: r_bias[k - 1 - d])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_serialization_round_trip():
+    layer = RelativeAttention(H, DH, dropout=0.1, attention_dropout=0.2, pre_lnorm=True,
+                              kernel_initializer=keras.initializers.RandomNormal(0, 0.02))
+    clone = RelativeAttention.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert isinstance(restored, RelativeAttention) and restored.attention_dropout == 0.2
+
+
+def test_attention_dropout_only_in_training():
+    layer = RelativeAttention(H, DH, dropout=0.5, attention_dropout=0.5)
+    h = np.random.default_rng(0).normal(size=(B, T, D)).astype("float32")
+    pos = PositionalEmbedding(D)(relative_positions(T))
+    a = to_np(layer(h, position_encoding=pos, attention_mask=causal_attention_mask(T, 0)))
+    b = to_np(layer(h, position_encoding=pos, attention_mask=causal_attention_mask(T, 0)))
+    c = to_np(layer(h, position_encoding=pos, attention_mask=causal_attention_mask(T, 0),
+                    training=True))
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 1e-3

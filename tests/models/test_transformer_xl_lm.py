@@ -1,0 +1,234 @@
+import os
+
+import keras
+import numpy as np
+import pytest
+from conftest import attention_weights, feed_forward_weights, randomize, to_np
+
+import reference
+from txl_keras import TransformerXLConfig, TransformerXLLM
+
+ADAPTIVE = dict(n_token=40, n_layer=2, d_model=12, d_embed=16, n_head=2, d_head=5, d_inner=20,
+                dropout=0.0, dropatt=0.0, tgt_len=5, mem_len=6, cutoffs=[10, 24], div_val=2,
+                untie_r=True, proj_share_all_but_first=True)
+
+
+def build(cfg, **kwargs):
+    model = TransformerXLLM(cfg, **kwargs)
+    model.build((None, cfg.tgt_len))
+    randomize(model, scale=0.2)
+    return model
+
+
+def numpy_weights(model):
+    bb, soft = model.backbone, model.softmax
+    w = {
+        "tables": [to_np(t) for t in bb.word_emb.tables],
+        "projs": [None if p is None else to_np(p) for p in bb.word_emb.projections],
+        "r_w_bias": to_np(bb.r_w_bias),
+        "r_r_bias": to_np(bb.r_r_bias),
+        "layers": [{"attn": attention_weights(b.attention), "ff": feed_forward_weights(b.feed_forward)}
+                   for b in bb.blocks],
+        "clusters": [],
+    }
+    for i in range(soft.n_clusters):
+        table, bias, proj = soft.cluster_weights(i)
+        w["clusters"].append((to_np(table), to_np(bias), None if proj is None else to_np(proj)))
+    if soft.cutoffs:
+        w["cluster_W"], w["cluster_b"] = to_np(soft.cluster_W), to_np(soft.cluster_b)
+    return w
+
+
+def tokens(cfg, batch, length, seed=0):
+    return np.random.default_rng(seed).integers(0, cfg.n_token, (batch, length)).astype("int32")
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"same_length": True, "clamp_len": 3},
+    {"same_length": True, "same_length_convention": "pytorch", "cluster_order": "pytorch"},
+    {"pre_lnorm": True, "untie_r": False, "div_val": 1, "proj_share_all_but_first": False},
+])
+def test_two_segments_match_numpy_model(overrides):
+    cfg = TransformerXLConfig(**{**ADAPTIVE, **overrides})
+    model = build(cfg)
+    w = numpy_weights(model)
+    x1, x2 = tokens(cfg, 2, 5, 1), tokens(cfg, 2, 4, 2)
+    out1 = model(x1, targets=x2[:, :1].repeat(5, 1))
+    out2 = model(x2, targets=x1[:, :4], mems=out1["mems"], return_log_probs=True)
+    h1, mems1, _ = reference.model_forward(w, cfg, x1)
+    h2, mems2, log_probs2 = reference.model_forward(w, cfg, x2, mems1)
+    np.testing.assert_allclose(to_np(out2["hidden"]), h2, atol=2e-4)
+    np.testing.assert_allclose(to_np(out2["log_probs"]), log_probs2, atol=2e-4)
+    want_nll = -np.take_along_axis(log_probs2, x1[:, :4, None], -1)[..., 0]
+    np.testing.assert_allclose(to_np(out2["nll"]), want_nll, atol=2e-4)
+    for got, want in zip(out2["mems"], mems2):
+        np.testing.assert_allclose(to_np(got), want, atol=2e-4)
+    assert to_np(out2["mems"][0]).shape == (2, 6, 12)
+
+
+@pytest.mark.parametrize("attn_type", [0, 1])
+def test_segment_with_memory_equals_one_long_pass(attn_type):
+    cfg = TransformerXLConfig(**{**ADAPTIVE, "attn_type": attn_type, "mem_len": 5, "tgt_len": 5})
+    model = build(cfg)
+    x = tokens(cfg, 3, 9)
+    full = to_np(model(x)["hidden"])
+    first = model(x[:, :5])
+    second = to_np(model(x[:, 5:], mems=first["mems"])["hidden"])
+    np.testing.assert_allclose(second, full[:, 5:], atol=1e-4)
+    np.testing.assert_allclose(to_np(first["hidden"]), full[:, :5], atol=1e-4)
+
+
+def test_k_segments_with_long_memory_equal_full_causal_pass():
+    cfg = TransformerXLConfig(**{**ADAPTIVE, "mem_len": 12})
+    model = build(cfg)
+    x = tokens(cfg, 2, 12)
+    full = to_np(model(x)["hidden"])
+    mems, pieces = None, []
+    for start in range(0, 12, 3):
+        out = model(x[:, start:start + 3], mems=mems)
+        mems = out["mems"]
+        pieces.append(to_np(out["hidden"]))
+    np.testing.assert_allclose(np.concatenate(pieces, 1), full, atol=1e-4)
+
+
+@pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
+def test_outputs_are_causal(attn_type):
+    cfg = TransformerXLConfig(**{**ADAPTIVE, "attn_type": attn_type, "n_head": 2, "d_head": 6})
+    model = build(cfg)
+    x = tokens(cfg, 2, 5)
+    mems = model(tokens(cfg, 2, 5, 9))["mems"]
+    y = x.copy()
+    y[:, 3:] = (y[:, 3:] + 1) % cfg.n_token
+    a = to_np(model(x, mems=mems)["hidden"])
+    b = to_np(model(y, mems=mems)["hidden"])
+    np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-5)
+    assert np.abs(a[:, 3:] - b[:, 3:]).max() > 1e-4
+
+
+def test_stateful_model_equals_functional_model():
+    cfg = TransformerXLConfig(**ADAPTIVE)
+    functional = build(cfg)
+    stateful = TransformerXLLM(cfg, stateful=True, batch_size=2)
+    stateful.build((2, 5))
+    stateful.set_weights(functional.get_weights())
+    x = tokens(cfg, 2, 15)
+    for _ in range(2):  # the second round starts after reset_memory()
+        mems = None
+        for start in range(0, 15, 5):
+            seg = x[:, start:start + 5]
+            want = functional(seg, targets=seg, mems=mems)
+            mems = want["mems"]
+            got = stateful(seg, targets=seg)
+            np.testing.assert_allclose(to_np(got["nll"]), to_np(want["nll"]), atol=1e-5)
+        stateful.reset_memory()
+
+
+def test_zero_memory_init_attends_zeros():
+    cfg = TransformerXLConfig(**{**ADAPTIVE, "mem_init": "zeros"})
+    model = build(cfg)
+    x = tokens(cfg, 2, 5)
+    implicit = to_np(model(x)["hidden"])
+    zeros = [np.zeros((2, 6, 12), "float32")] * 2
+    explicit = to_np(model(x, mems=zeros)["hidden"])
+    np.testing.assert_allclose(implicit, explicit, atol=1e-6)
+    empty = build(TransformerXLConfig(**ADAPTIVE))
+    empty.set_weights(model.get_weights())
+    assert np.abs(to_np(empty(x)["hidden"]) - implicit).max() > 1e-4
+
+
+def test_no_gradient_reaches_the_memory():
+    import tensorflow as tf
+
+    if keras.config.backend() != "tensorflow":
+        pytest.skip("uses tf.GradientTape")
+    cfg = TransformerXLConfig(**ADAPTIVE)
+    model = build(cfg)
+    x1, x2 = tokens(cfg, 2, 5, 1), tokens(cfg, 2, 5, 2)
+    outside = model(x1)["mems"]
+    with tf.GradientTape(persistent=True) as tape:
+        inside = model(x1)["mems"]  # segment 1 computed under the tape this time
+        through_mems = sum(tf.reduce_sum(m) for m in inside)
+        loss_a = tf.reduce_mean(model(x2, targets=x2, mems=inside)["nll"])
+        loss_b = tf.reduce_mean(model(x2, targets=x2, mems=outside)["nll"])
+    assert all(g is None for g in tape.gradient(through_mems, model.trainable_variables))
+    grads_a = tape.gradient(loss_a, model.trainable_variables)
+    grads_b = tape.gradient(loss_b, model.trainable_variables)
+    assert sum(g is not None for g in grads_a) > 10
+    for a, b in zip(grads_a, grads_b):
+        np.testing.assert_array_equal(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy())
+
+
+def test_keras_file_and_weights_round_trip(tmp_path):
+    cfg = TransformerXLConfig(**ADAPTIVE)
+    model = build(cfg)
+    x = tokens(cfg, 2, 5)
+    want = to_np(model(x, targets=x)["nll"])
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, TransformerXLLM) and loaded.config == cfg
+    np.testing.assert_array_equal(to_np(loaded(x, targets=x)["nll"]), want)
+    weights = os.path.join(tmp_path, "model.weights.h5")
+    model.save_weights(weights)
+    fresh = TransformerXLLM(cfg)
+    fresh.build((None, 5))
+    fresh.load_weights(weights)
+    np.testing.assert_array_equal(to_np(fresh(x, targets=x)["nll"]), want)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_runs_with_float32_softmax(policy):
+    cfg = TransformerXLConfig(**ADAPTIVE)
+    reference_model = build(cfg)
+    x = tokens(cfg, 2, 5)
+    want = to_np(reference_model(x, targets=x)["nll"])
+    model = TransformerXLLM(cfg, dtype=policy)
+    model.build((None, 5))
+    model.set_weights(reference_model.get_weights())
+    out = model(x, targets=x)
+    out = model(x, targets=x, mems=out["mems"])
+    assert keras.backend.standardize_dtype(out["nll"].dtype) == "float32"
+    assert keras.backend.standardize_dtype(out["hidden"].dtype) == policy.split("_")[1]
+    assert np.isfinite(to_np(out["nll"])).all()
+    first = to_np(model(x, targets=x)["nll"])
+    np.testing.assert_allclose(first, want, rtol=0.1, atol=0.1)
+
+
+def test_bad_inputs_get_clear_errors():
+    cfg = TransformerXLConfig(**ADAPTIVE)
+    model = build(cfg)
+    x = tokens(cfg, 2, 5)
+    with pytest.raises(ValueError, match=r"Token ids must be in \[0, n_token=40\)"):
+        model(x + 40)
+    with pytest.raises(ValueError, match=r"Token ids must be in"):
+        model(x, targets=x - 1)
+    mems = model(x)["mems"]
+    with pytest.raises(ValueError, match="n_layer=2 tensors"):
+        model(x, mems=mems[:1])
+    with pytest.raises(ValueError, match=r"mems\[0\] of shape"):
+        model(x, mems=[np.zeros((2, 3, 7), "float32")] * 2)
+    with pytest.raises(ValueError, match=r"mems\[1\] of shape"):
+        model(x, mems=[mems[0], np.zeros((3, 6, 12), "float32")])
+    with pytest.raises(ValueError, match="tokens` of shape"):
+        model(x[0])
+    stateful = TransformerXLLM(cfg, stateful=True, batch_size=2)
+    with pytest.raises(ValueError, match="stateful"):
+        stateful(x, mems=mems)
+
+
+def test_fit_trains_a_stateful_model_with_memory():
+    cfg = TransformerXLConfig.from_preset("tiny", n_token=16)
+    model = TransformerXLLM(cfg, stateful=True, batch_size=4)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    # Four contiguous streams of a periodic sequence whose period (12) is longer than
+    # a segment (8): predicting it needs the memory.
+    stream = np.tile(np.random.default_rng(0).permutation(16)[:12], 50)
+    data = np.stack([stream[r * 129: (r + 1) * 129] for r in range(4)])
+    inputs = np.concatenate([data[:, i:i + 8] for i in range(0, 128, 8)])
+    targets = np.concatenate([data[:, i + 1:i + 9] for i in range(0, 128, 8)])
+    history = model.fit(inputs, targets, batch_size=4, epochs=6, shuffle=False, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.5 * losses[0]
+    _, valid = model.backbone.memory.read()
+    assert int(to_np(valid)) == cfg.mem_len
