@@ -5,6 +5,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import keras  # noqa: E402
+
+if keras.config.backend() == "tensorflow":
+    import tensorflow as tf
+
+    # Two logical CPU devices, so MirroredStrategy tests have two replicas.
+    _cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 

@@ -1,0 +1,24 @@
+"""Corpora -> vocabularies -> TFRecords -> per-replica stream datasets.
+
+Build records with `python -m tf_records --dataset=NAME ...`; read them back with
+`load_record_info` and `stream_dataset` / `distributed_dataset_fn`.
+"""
+
+from tf_records.build import build_records, load_corpus_info
+from tf_records.corpora import Corpus, load_corpus
+from tf_records.dataset import distributed_dataset_fn, load_record_info, stream_dataset, verify_records
+from tf_records.records import write_split
+from tf_records.vocabulary import Vocabulary
+
+__all__ = [
+    "Corpus",
+    "Vocabulary",
+    "build_records",
+    "distributed_dataset_fn",
+    "load_corpus",
+    "load_corpus_info",
+    "load_record_info",
+    "stream_dataset",
+    "verify_records",
+    "write_split",
+]

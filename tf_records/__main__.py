@@ -1,0 +1,72 @@
+"""`python -m tf_records`: build vocabulary, corpus info and TFRecords for a corpus.
+
+Flags mirror the original `data_utils.py`. Examples:
+    python -m tf_records                                    # the default: stdlib sources
+    python -m tf_records --dataset=enwik8 --data_dir=raw/enwik8 --tgt_len=512 \
+        --per_host_train_bsz=24 --num_core_per_host=4
+    python -m tf_records --dataset=text --text='notes/**/*.md' --level=word
+    python -m tf_records --dataset=tfds:tiny_shakespeare --level=char
+"""
+
+from absl import app, flags
+
+from tf_records.build import build_records
+from tf_records.corpora import LOCAL_SPLIT_RULE
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("dataset", "stdlib", "enwik8, text8, wt103, wt2, ptb, lm1b, stdlib, text or tfds:NAME.")
+flags.DEFINE_string("data_dir", None, "Folder of the raw corpus files (as getdata.sh leaves them).")
+flags.DEFINE_string("records_dir", None, "Output folder (default data/<dataset>).")
+flags.DEFINE_list("splits", ["train", "valid", "test"], "Splits to build.")
+flags.DEFINE_integer("per_host_train_bsz", 60, "Training streams per host.")
+flags.DEFINE_integer("per_host_valid_bsz", 60, "Validation streams per host.")
+flags.DEFINE_integer("per_host_test_bsz", 0, "Test streams per host (0: as validation).")
+flags.DEFINE_integer("tgt_len", 70, "Tokens per segment.")
+flags.DEFINE_integer("num_hosts", 1, "Hosts (workers) that will read the records.")
+flags.DEFINE_integer("num_core_per_host", 1, "Replicas per host; must divide the per-host batches.")
+flags.DEFINE_integer("num_passes", 1, "Rotated copies of the training data (the original TPU data used 10).")
+flags.DEFINE_integer("num_shuffle", 4, "lm1b: shuffles of each training shard.")
+flags.DEFINE_bool("download", False, "Fetch the raw corpus first (needs the network).")
+flags.DEFINE_string("text", None, f"--dataset=text: a file, folder or glob. Split rule: {LOCAL_SPLIT_RULE}.")
+flags.DEFINE_enum("level", None, ["byte", "char", "word"], "Token level of text/stdlib/tfds corpora.")
+flags.DEFINE_bool("lower_case", False, "Lower-case text/tfds corpora.")
+flags.DEFINE_integer("min_freq", 1, "Word level: rarer words become <unk>.")
+flags.DEFINE_integer("max_bytes", None, "text/stdlib: read at most this many characters.")
+flags.DEFINE_string("tfds_data_dir", None, "tfds:NAME: where the dataset is prepared.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    options = {}
+    if FLAGS.dataset in ("text", "stdlib") or FLAGS.dataset.startswith("tfds:"):
+        options.update(lower_case=FLAGS.lower_case, min_freq=FLAGS.min_freq)
+        if FLAGS.level:
+            options["level"] = FLAGS.level
+        if FLAGS.max_bytes:
+            options["max_bytes"] = FLAGS.max_bytes
+    if FLAGS.dataset == "text":
+        options["text"] = FLAGS.text
+    if FLAGS.dataset.startswith("tfds:"):
+        options.update(tfds_data_dir=FLAGS.tfds_data_dir, download=FLAGS.download)
+    if FLAGS.dataset == "lm1b":
+        options["num_shuffle"] = FLAGS.num_shuffle
+    build_records(
+        FLAGS.dataset,
+        records_dir=FLAGS.records_dir,
+        data_dir=FLAGS.data_dir,
+        splits=FLAGS.splits,
+        per_host_train_bsz=FLAGS.per_host_train_bsz,
+        per_host_valid_bsz=FLAGS.per_host_valid_bsz,
+        per_host_test_bsz=FLAGS.per_host_test_bsz,
+        tgt_len=FLAGS.tgt_len,
+        num_hosts=FLAGS.num_hosts,
+        num_core_per_host=FLAGS.num_core_per_host,
+        num_passes=FLAGS.num_passes,
+        do_download=FLAGS.download and not FLAGS.dataset.startswith("tfds:"),
+        **options,
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

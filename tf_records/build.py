@@ -1,0 +1,62 @@
+"""One corpus -> vocabulary, corpus info and the records of each split, in one folder."""
+
+import json
+import os
+
+from tf_records.corpora import SPLITS, load_corpus
+from tf_records.download import download
+from tf_records.records import write_split
+from txl_keras.atomic_files import atomic_write_text
+
+VOCAB_FILE = "vocab.json"
+CORPUS_INFO_FILE = "corpus-info.json"
+
+
+def default_records_dir(dataset):
+    return os.path.join("data", dataset.replace(":", "_").replace("/", "_"))
+
+
+def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_host_train_bsz=60,
+                  per_host_valid_bsz=60, per_host_test_bsz=0, tgt_len=70, num_hosts=1,
+                  num_core_per_host=1, num_passes=1, do_download=False, log=print, **corpus_options):
+    """Build (or finish building) everything a trainer needs; returns the records dir.
+
+    `per_host_test_bsz=0` uses the validation batch size for the test split.
+    """
+    records_dir = records_dir or default_records_dir(dataset)
+    batches = {"train": per_host_train_bsz, "valid": per_host_valid_bsz,
+               "test": per_host_test_bsz or per_host_valid_bsz}
+    for split in splits:
+        if split not in SPLITS:
+            raise ValueError(f"Unknown split {split!r}; expected some of {SPLITS}.")
+        if batches[split] % num_core_per_host:
+            raise ValueError(
+                f"per-host batch {batches[split]} of the {split} split is not divisible by "
+                f"num_core_per_host={num_core_per_host}; every replica needs the same number of streams."
+            )
+    if do_download:
+        download(dataset, data_dir, log=log)
+    corpus = load_corpus(dataset, data_dir=data_dir, **corpus_options)
+    os.makedirs(records_dir, exist_ok=True)
+    corpus.vocab.save(os.path.join(records_dir, VOCAB_FILE))
+    atomic_write_text(os.path.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))
+    for split in splits:
+        ids = corpus.split_ids[split]()
+        info = write_split(ids, records_dir, split, batches[split], tgt_len, num_hosts,
+                           vocab_size=len(corpus.vocab), num_passes=num_passes if split == "train" else 1,
+                           dataset=corpus.name, log=log)
+        log(f"{split}: {info['num_batch']} batches of {batches[split]} x {tgt_len}, "
+            f"{info['num_targets']} targets -> {records_dir}")
+    return records_dir
+
+
+def load_corpus_info(records_dir):
+    """`{"dataset", "vocab_size", "cutoffs"}` of built records (cutoffs include 0 and V)."""
+    path = os.path.join(records_dir, CORPUS_INFO_FILE)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"No {CORPUS_INFO_FILE} in {records_dir}; build the records with `python -m tf_records`."
+        ) from None

@@ -1,0 +1,341 @@
+"""Raw corpora -> a vocabulary and token-id streams per split, as the original code.
+
+Every loader returns a `Corpus`. Supported `dataset` names: enwik8, text8, wt103, wt2,
+ptb, lm1b (the raw formats of the original `getdata.sh`), `stdlib` (the default: the
+Python standard library's sources, needs no download), `text` (any local file, folder
+or glob) and `tfds:NAME` (TensorFlow Datasets).
+"""
+
+import dataclasses
+import glob
+import io
+import os
+import sysconfig
+import zipfile
+
+import numpy as np
+
+from tf_records.vocabulary import Vocabulary
+
+SPLITS = ("train", "valid", "test")
+ORDERED = ("enwik8", "text8", "wt103", "wt2", "ptb", "lm1b", "stdlib", "text")
+# Adaptive softmax cutoffs of the original (`corpus-info.json`), inner values only.
+CUTOFFS = {"wt103": [20000, 40000, 200000], "lm1b": [60000, 100000, 640000]}
+ENWIK8_TEST_CHARS = 5_000_000
+LOCAL_SPLIT_RULE = "first 90% train, next 5% valid, last 5% test (cut at a line break for words)"
+
+
+@dataclasses.dataclass
+class Corpus:
+    """A vocabulary and, per split, a function returning its token ids.
+
+    `split_ids[split]()` returns one int32 array (one stream) or, for lm1b training,
+    a list of arrays (the shuffled shards) that are written one after the other.
+    """
+
+    name: str
+    vocab: Vocabulary
+    split_ids: dict
+    cutoffs: list = dataclasses.field(default_factory=list)
+
+    def info(self):
+        """The original `corpus-info.json` content."""
+        return {
+            "dataset": self.name,
+            "vocab_size": len(self.vocab),
+            "cutoffs": [0] + self.cutoffs + [len(self.vocab)],
+        }
+
+
+def _need(data_dir, names, dataset, hint):
+    """The first of `names` present in data_dir, or a clear error listing them."""
+    for name in names:
+        path = os.path.join(data_dir, name)
+        if os.path.exists(path):
+            return path
+    listing = sorted(os.listdir(data_dir))[:20] if os.path.isdir(data_dir) else "(no such folder)"
+    raise FileNotFoundError(
+        f"{dataset}: expected one of {list(names)} in --data_dir={data_dir}; found {listing}. "
+        f"{hint}"
+    )
+
+
+def _download_hint(dataset):
+    return f"Fetch it with `python -m tf_records --dataset={dataset} --download --data_dir=...`."
+
+
+def _nonempty(ids, dataset, split):
+    if isinstance(ids, list):
+        total = sum(len(part) for part in ids)
+    else:
+        total = len(ids)
+    if total < 2:
+        raise ValueError(
+            f"{dataset}: the {split} split has {total} tokens; at least 2 are needed (an input "
+            "and a target). Check the corpus files."
+        )
+    return ids
+
+
+# -- enwik8 / text8 ----------------------------------------------------------------------
+
+
+def _read_maybe_zipped(data_dir, name, dataset):
+    path = _need(data_dir, [name, name + ".zip"], dataset, _download_hint(dataset))
+    if path.endswith(".zip"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                return archive.read(name)
+        except (zipfile.BadZipFile, KeyError) as e:
+            raise ValueError(f"{path} is not a valid {dataset} archive ({e}); download it again.") from None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _three_way(data, n_test):
+    if len(data) <= 2 * n_test:
+        raise ValueError(f"The corpus has {len(data)} units, fewer than 2 x {n_test} for valid and test.")
+    return {"train": data[: -2 * n_test], "valid": data[-2 * n_test: -n_test], "test": data[-n_test:]}
+
+
+def enwik8(data_dir, test_chars=ENWIK8_TEST_CHARS, **_):
+    """Bytes of `enwik8` (or `enwik8.zip`), split 90M/5M/5M; newline bytes dropped."""
+    parts = _three_way(_read_maybe_zipped(data_dir, "enwik8", "enwik8"), test_chars)
+    vocab = Vocabulary.from_counts(
+        Vocabulary.count_bytes(parts[s] for s in SPLITS), level="byte", lower_case=True
+    )
+    return Corpus("enwik8", vocab, {s: (lambda s=s: _nonempty(vocab.encode_bytes(parts[s]), "enwik8", s))
+                                    for s in SPLITS})
+
+
+def text8(data_dir, test_chars=ENWIK8_TEST_CHARS, **_):
+    """Characters of `text8` (or `text8.zip`), split 90M/5M/5M, spaces written `_`."""
+    raw = _read_maybe_zipped(data_dir, "text8", "text8").decode("utf-8")
+    parts = {s: p.strip().replace(" ", "_") for s, p in _three_way(raw, test_chars).items()}
+    vocab = Vocabulary.from_counts(
+        Vocabulary.count_chars(parts[s] for s in SPLITS), level="char", lower_case=True
+    )
+    return Corpus("text8", vocab, {s: (lambda s=s: _nonempty(vocab.encode_chars(parts[s]), "text8", s))
+                                   for s in SPLITS})
+
+
+# -- word-level corpora ------------------------------------------------------------------
+
+
+def _read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def _word_corpus(name, data_dir, pattern, lower_case, count_splits):
+    paths = {s: _need(data_dir, [pattern.format(s)], name, _download_hint(name)) for s in SPLITS}
+    counter = None
+    for s in count_splits:
+        counter = Vocabulary.count_lines(_read_lines(paths[s]), counter, lower_case=lower_case)
+    vocab = Vocabulary.from_counts(counter, special=["<eos>"], lower_case=lower_case, add_eos=True)
+    if "<unk>" in vocab.index:
+        vocab = Vocabulary(vocab.symbols, lower_case=lower_case, add_eos=True, unk_symbol="<unk>")
+    return Corpus(
+        name,
+        vocab,
+        {s: (lambda s=s: _nonempty(vocab.encode_lines(_read_lines(paths[s])), name, s)) for s in SPLITS},
+        CUTOFFS.get(name, []),
+    )
+
+
+def wt103(data_dir, **_):
+    """WikiText-103 `wiki.{split}.tokens`: words, `<eos>` after every line, vocab from train."""
+    return _word_corpus("wt103", data_dir, "wiki.{}.tokens", False, ["train"])
+
+
+def wt2(data_dir, **_):
+    """WikiText-2, as WikiText-103."""
+    return _word_corpus("wt2", data_dir, "wiki.{}.tokens", False, ["train"])
+
+
+def ptb(data_dir, **_):
+    """Penn Treebank `ptb.{split}.txt`: lower-cased words with `<eos>`, vocab from all splits."""
+    return _word_corpus("ptb", data_dir, "ptb.{}.txt", True, SPLITS)
+
+
+def lm1b(data_dir, num_shuffle=4, **_):
+    """One Billion Word: the fixed vocabulary file, `<S>`-wrapped sentences, the training
+    shards shuffled `num_shuffle` times each (seed 123456, as the original), the heldout
+    file for both valid and test."""
+    vocab_path = _need(data_dir, ["1b_word_vocab.txt"], "lm1b", _download_hint("lm1b"))
+    with open(vocab_path, encoding="utf-8") as f:
+        symbols = [line.split()[0] for line in f if line.strip()]
+    vocab = Vocabulary(symbols, add_double_eos=True, unk_symbol="<UNK>" if "<UNK>" in symbols else None)
+    train_glob = os.path.join(data_dir, "training-monolingual.tokenized.shuffled", "news.en-*")
+    shards = sorted(glob.glob(train_glob))
+    heldout = _need(
+        data_dir,
+        [os.path.join("heldout-monolingual.tokenized.shuffled", "news.en.heldout-00000-of-00050"),
+         "news.en.heldout-00000-of-00050"],
+        "lm1b",
+        _download_hint("lm1b"),
+    )
+
+    def train():
+        if not shards:
+            raise FileNotFoundError(f"lm1b: no training shards match {train_glob}. {_download_hint('lm1b')}")
+        rng = np.random.RandomState(123456)
+        streams = []
+        for shard in shards:
+            sentences = [vocab.encode_lines([line]) for line in _read_lines(shard) if line.strip()]
+            for _ in range(num_shuffle):
+                order = rng.permutation(len(sentences))
+                streams.append(np.concatenate([sentences[i] for i in order]))
+        return _nonempty(streams, "lm1b", "train")
+
+    def heldout_ids():
+        return _nonempty(vocab.encode_lines(line for line in _read_lines(heldout) if line.strip()),
+                         "lm1b", "heldout")
+
+    return Corpus("lm1b", vocab, {"train": train, "valid": heldout_ids, "test": heldout_ids},
+                  CUTOFFS["lm1b"])
+
+
+# -- local text, the standard library, TensorFlow Datasets ----------------------------------
+
+
+def _split_text(text, level):
+    """LOCAL_SPLIT_RULE."""
+    cuts = [int(len(text) * 0.90), int(len(text) * 0.95)]
+    if level == "word":
+        cuts = [text.find("\n", c) + 1 or len(text) for c in cuts]
+    return {"train": text[: cuts[0]], "valid": text[cuts[0]: cuts[1]], "test": text[cuts[1]:]}
+
+
+def _local_corpus(name, parts, level, lower_case=False, min_freq=1):
+    if level == "byte":
+        raw = {s: t.encode("utf-8") for s, t in parts.items()}
+        vocab = Vocabulary.from_counts(
+            Vocabulary.count_bytes((raw[s] for s in SPLITS), keep_newline=True), level="byte"
+        )
+        encode = lambda s: vocab.encode_bytes(raw[s])  # noqa: E731
+    elif level == "char":
+        vocab = Vocabulary.from_counts(
+            Vocabulary.count_chars((parts[s] for s in SPLITS), lower_case), level="char",
+            lower_case=lower_case,
+        )
+        encode = lambda s: vocab.encode_chars(parts[s])  # noqa: E731
+    elif level == "word":
+        counter = Vocabulary.count_lines(parts["train"].splitlines(), lower_case=lower_case)
+        vocab = Vocabulary.from_counts(
+            counter, special=["<eos>", "<unk>"], min_freq=min_freq, lower_case=lower_case,
+            add_eos=True, unk_symbol="<unk>",
+        )
+        encode = lambda s: vocab.encode_lines(parts[s].splitlines())  # noqa: E731
+    else:
+        raise ValueError(f"Expected --level to be byte, char or word. Received: {level!r}")
+    return Corpus(name, vocab, {s: (lambda s=s: _nonempty(encode(s), name, s)) for s in SPLITS})
+
+
+def text_files(pattern):
+    """The files named by a file, a folder (recursively) or a glob, sorted."""
+    if os.path.isdir(pattern):
+        files = [os.path.join(root, f) for root, _, names in os.walk(pattern) for f in names]
+    elif os.path.isfile(pattern):
+        files = [pattern]
+    else:
+        files = glob.glob(pattern, recursive=True)
+    files = sorted(f for f in files if os.path.isfile(f))
+    if not files:
+        raise FileNotFoundError(f"--text={pattern!r} names no file (expected a file, a folder or a glob).")
+    return files
+
+
+def _read_files(files, max_bytes=None):
+    out, total = io.StringIO(), 0
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        out.write(text)
+        if not text.endswith("\n"):
+            out.write("\n")
+        total += len(text)
+        if max_bytes and total >= max_bytes:
+            break
+    text = out.getvalue()
+    return text[:max_bytes] if max_bytes else text
+
+
+def local_text(text, level="byte", lower_case=False, min_freq=1, max_bytes=None, **_):
+    """Any local text: files concatenated in sorted order, split by LOCAL_SPLIT_RULE."""
+    content = _read_files(text_files(text), max_bytes)
+    return _local_corpus("text", _split_text(content, level), level, lower_case, min_freq)
+
+
+def stdlib_files():
+    """The `.py` files of the running interpreter's standard library (no site-packages)."""
+    root = sysconfig.get_paths()["stdlib"]
+    files = []
+    for dirpath, dirnames, names in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        files.extend(os.path.join(dirpath, n) for n in sorted(names) if n.endswith(".py"))
+    if not files:
+        raise FileNotFoundError(f"No Python sources under {root}; use --dataset=text --text=PATH instead.")
+    return files
+
+
+def stdlib(level="byte", max_bytes=8_000_000, **_):
+    """The default corpus: this interpreter's standard-library sources, byte level."""
+    content = _read_files(stdlib_files(), max_bytes)
+    return _local_corpus("stdlib", _split_text(content, level), level)
+
+
+def tfds_text(name, data_dir=None, level="char", lower_case=False, min_freq=1, download=False, **_):
+    """A text dataset of TensorFlow Datasets: each split's string feature joined by lines."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # tfds raises its own DatasetNotFoundError
+        raise ValueError(f"Unknown TensorFlow Datasets name {name!r}: {e}") from None
+    if download:
+        builder.download_and_prepare()
+    wanted = {"train": ["train"], "valid": ["validation", "valid", "test"], "test": ["test", "validation"]}
+    feature = next((k for k, v in builder.info.features.items()
+                    if getattr(v, "tf_dtype", None) is not None and v.tf_dtype.name == "string"), None)
+    if feature is None:
+        raise ValueError(f"tfds:{name} has no text feature; features: {list(builder.info.features)}")
+
+    def read(split):
+        errors = []
+        for candidate in wanted[split]:
+            try:
+                ds = builder.as_dataset(split=candidate)
+            except Exception as e:  # unknown split, or not prepared
+                errors.append(f"{candidate}: {str(e).splitlines()[0]}")
+                continue
+            return "\n".join(ex[feature].decode("utf-8") for ex in tfds.as_numpy(ds))
+        raise FileNotFoundError(
+            f"tfds:{name} has no readable {split} split in {data_dir or '~/tensorflow_datasets'} "
+            f"({'; '.join(errors)}). Add --download to fetch and prepare it, or pass "
+            "--tfds_data_dir where it was prepared."
+        )
+
+    parts = {s: read(s) for s in SPLITS}
+    return _local_corpus(f"tfds:{name}", parts, level, lower_case, min_freq)
+
+
+LOADERS = {
+    "enwik8": enwik8, "text8": text8, "wt103": wt103, "wt2": wt2, "ptb": ptb, "lm1b": lm1b,
+    "stdlib": stdlib, "text": local_text,
+}
+
+
+def load_corpus(dataset, data_dir=None, **options):
+    """The `Corpus` of a dataset name (see the module docstring)."""
+    if dataset.startswith("tfds:"):
+        return tfds_text(dataset[len("tfds:"):], data_dir=options.pop("tfds_data_dir", None), **options)
+    if dataset not in LOADERS:
+        raise ValueError(
+            f"Unknown dataset {dataset!r}. Expected one of {sorted(LOADERS)} or tfds:NAME."
+        )
+    if dataset == "text" and not options.get("text"):
+        raise ValueError("--dataset=text needs --text=PATH (a file, a folder or a glob).")
+    if dataset not in ("stdlib", "text") and not data_dir:
+        raise ValueError(f"--dataset={dataset} needs --data_dir, the folder of its raw files.")
+    return LOADERS[dataset](data_dir=data_dir, **options)

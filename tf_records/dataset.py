@@ -1,0 +1,140 @@
+"""TFRecords -> `tf.data` pipelines of per-replica `(inputs, targets)` stream batches."""
+
+import glob
+import json
+import os
+
+import tensorflow as tf
+
+from tf_records.records import FORMAT, record_info_path
+
+
+def _rebuild_hint(split, per_host_batch, tgt_len, num_hosts):
+    flag = {"train": "per_host_train_bsz", "valid": "per_host_valid_bsz", "test": "per_host_test_bsz"}
+    return (
+        f"Rebuild them with `python -m tf_records --{flag.get(split, 'per_host_train_bsz')}="
+        f"{per_host_batch} --tgt_len={tgt_len} --num_hosts={num_hosts} ...` or start the trainer "
+        "with the layout they were built for."
+    )
+
+
+def load_record_info(records_dir, split, per_host_batch, tgt_len, num_hosts=1):
+    """The record info of a split built for this layout, with clear errors when the
+    records are missing, were built for another layout, or are damaged."""
+    path = record_info_path(records_dir, split, per_host_batch, tgt_len, num_hosts)
+    if not os.path.exists(path):
+        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(records_dir, f"record_info-{split}.*.json")))
+        if others:
+            raise ValueError(
+                f"The {split} records in {records_dir} were built for another layout ({others}); "
+                f"this run needs per_host_batch={per_host_batch}, tgt_len={tgt_len}, "
+                f"num_hosts={num_hosts}. " + _rebuild_hint(split, per_host_batch, tgt_len, num_hosts)
+            )
+        raise FileNotFoundError(
+            f"No {split} records in {records_dir} (expected {os.path.basename(path)}). Build them "
+            "with `python -m tf_records --dataset=... --records_dir=...`."
+        )
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"The record info {path} is corrupt ({e}); rebuild the records.") from None
+    if info.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a txl_keras record info (format {info.get('format')!r}).")
+    for entry in info["files"]:
+        file_path = os.path.join(records_dir, entry["name"])
+        if not os.path.exists(file_path):
+            raise FileNotFoundError(f"Record file {file_path} listed in {path} is missing; rebuild the records.")
+        size = os.path.getsize(file_path)
+        if size != entry["bytes"]:
+            raise ValueError(
+                f"Record file {file_path} has {size} bytes, not the {entry['bytes']} it was written "
+                "with: it is truncated or damaged. Rebuild the records."
+            )
+    info["records_dir"] = records_dir
+    return info
+
+
+def _parse(serialized):
+    features = tf.io.parse_single_example(
+        serialized,
+        {"block": tf.io.FixedLenFeature([], tf.string), "shape": tf.io.FixedLenFeature([2], tf.int64)},
+    )
+    block = tf.io.decode_raw(features["block"], tf.int32)
+    return tf.reshape(block, tf.cast(features["shape"], tf.int32))
+
+
+def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size=None):
+    """Per-replica batches of one host, in the order tf.distribute hands them out.
+
+    Yields `(inputs, targets)` int32 `[per_host_batch // num_core_per_host, length]`:
+    for each chunk, replica 0's rows, then replica 1's, ... (`distribute_datasets_
+    from_function` gives consecutive elements to consecutive replicas). Concatenating
+    one replica row's batches over time gives back its stream. Evaluation targets are -1
+    where there is nothing to score (padding); inputs there are 0.
+
+    Args:
+        info: a record info from `load_record_info`.
+        host_id: which host's share to read.
+        num_core_per_host: replicas on this host; must divide `per_host_batch`.
+        repeat: loop forever; default: for training records.
+        vocab_size: if given, the records must have been built with this vocabulary size.
+    """
+    batch = info["per_host_batch"]
+    if num_core_per_host <= 0 or batch % num_core_per_host:
+        raise ValueError(
+            f"The records hold {batch} streams per host, which {num_core_per_host} replicas per "
+            "host cannot share equally. " + _rebuild_hint(info["split"], batch, info["tgt_len"], info["num_hosts"])
+        )
+    if not 0 <= host_id < info["num_hosts"]:
+        raise ValueError(f"host_id={host_id} is outside the {info['num_hosts']} hosts the records were built for.")
+    if vocab_size is not None and info.get("vocab_size") not in (None, vocab_size):
+        raise ValueError(
+            f"The records were built with a vocabulary of {info['vocab_size']} tokens but the model "
+            f"has n_token={vocab_size}; build the model from the corpus info of these records."
+        )
+    entry = next(f for f in info["files"] if f["host"] == host_id)
+    path = os.path.join(info["records_dir"], entry["name"])
+    per_replica = batch // num_core_per_host
+    ds = tf.data.TFRecordDataset(path).map(_parse)
+    if repeat if repeat is not None else not info["evaluation"]:
+        ds = ds.cache().repeat()
+
+    def split_replicas(block):
+        block = tf.reshape(block, [num_core_per_host, per_replica, -1])
+        inputs, targets = block[:, :, :-1], block[:, :, 1:]
+        return tf.data.Dataset.from_tensor_slices((tf.maximum(inputs, 0), targets))
+
+    return ds.flat_map(split_replicas).prefetch(tf.data.AUTOTUNE)
+
+
+def distributed_dataset_fn(info, num_core_per_host=None, repeat=None, vocab_size=None):
+    """A function for `strategy.distribute_datasets_from_function`: each input pipeline
+    (host) reads its own share; the strategy's layout must match the records'."""
+
+    def dataset_fn(context):
+        hosts = context.num_input_pipelines
+        cores = num_core_per_host or context.num_replicas_in_sync // hosts
+        if hosts != info["num_hosts"] or hosts * cores != context.num_replicas_in_sync:
+            raise ValueError(
+                f"The records were built for {info['num_hosts']} hosts but this run has {hosts} "
+                f"input pipelines and {context.num_replicas_in_sync} replicas. "
+                + _rebuild_hint(info["split"], info["per_host_batch"], info["tgt_len"], hosts)
+            )
+        return stream_dataset(info, context.input_pipeline_id, cores, repeat, vocab_size)
+
+    return dataset_fn
+
+
+def verify_records(info):
+    """Read every record once; a corrupt file raises an error that names it."""
+    for entry in info["files"]:
+        path = os.path.join(info["records_dir"], entry["name"])
+        count = 0
+        try:
+            for _ in tf.data.TFRecordDataset(path).map(_parse):
+                count += 1
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            raise ValueError(f"Record file {path} is corrupt ({e.message.splitlines()[0]}); rebuild the records.") from None
+        if count != info["num_batch"]:
+            raise ValueError(f"Record file {path} holds {count} chunks, not {info['num_batch']}; rebuild the records.")
