@@ -16,6 +16,20 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
+_MIRRORED = []
+
+
+@pytest.fixture
+def mirrored():
+    """One MirroredStrategy over the two logical CPUs, shared by the whole session (two
+    strategies in one process would reuse collective keys)."""
+    import tensorflow as tf
+
+    if not _MIRRORED:
+        _MIRRORED.append(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    return _MIRRORED[0]
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
     keras.utils.set_random_seed(1234)

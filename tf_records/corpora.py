@@ -12,6 +12,7 @@ import io
 import os
 import sysconfig
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -22,7 +23,12 @@ ORDERED = ("enwik8", "text8", "wt103", "wt2", "ptb", "lm1b", "stdlib", "text")
 # Adaptive softmax cutoffs of the original (`corpus-info.json`), inner values only.
 CUTOFFS = {"wt103": [20000, 40000, 200000], "lm1b": [60000, 100000, 640000]}
 ENWIK8_TEST_CHARS = 5_000_000
-LOCAL_SPLIT_RULE = "first 90% train, next 5% valid, last 5% test (cut at a line break for words)"
+LOCAL_SPLIT_RULE = (
+    "20 files or more: by file, crc32(relative path) % 20 == 0 -> test, == 1 -> valid, else train; "
+    "fewer files: the concatenated text's first 90% train, next 5% valid, last 5% test "
+    "(cut at a line break for words)"
+)
+FILE_SPLIT_MIN_FILES = 20
 
 
 @dataclasses.dataclass
@@ -200,11 +206,29 @@ def lm1b(data_dir, num_shuffle=4, **_):
 
 
 def _split_text(text, level):
-    """LOCAL_SPLIT_RULE."""
+    """The position rule of LOCAL_SPLIT_RULE."""
     cuts = [int(len(text) * 0.90), int(len(text) * 0.95)]
     if level == "word":
         cuts = [text.find("\n", c) + 1 or len(text) for c in cuts]
     return {"train": text[: cuts[0]], "valid": text[cuts[0]: cuts[1]], "test": text[cuts[1]:]}
+
+
+def _file_split(relative_path):
+    bucket = zlib.crc32(relative_path.encode("utf-8")) % 20
+    return "test" if bucket == 0 else "valid" if bucket == 1 else "train"
+
+
+def _split_files(files, root, level, max_bytes=None):
+    """LOCAL_SPLIT_RULE over files: whole files per split when there are many, so every
+    split is a sample of the same kinds of file."""
+    if len(files) < FILE_SPLIT_MIN_FILES:
+        return _split_text(_read_files(files, max_bytes), level)
+    groups = {s: [] for s in SPLITS}
+    for path in files:
+        groups[_file_split(os.path.relpath(path, root))].append(path)
+    budget = {s: None if not max_bytes else int(max_bytes * share)
+              for s, share in (("train", 0.9), ("valid", 0.05), ("test", 0.05))}
+    return {s: _read_files(groups[s], budget[s]) for s in SPLITS}
 
 
 def _local_corpus(name, parts, level, lower_case=False, min_freq=1):
@@ -262,9 +286,11 @@ def _read_files(files, max_bytes=None):
 
 
 def local_text(text, level="byte", lower_case=False, min_freq=1, max_bytes=None, **_):
-    """Any local text: files concatenated in sorted order, split by LOCAL_SPLIT_RULE."""
-    content = _read_files(text_files(text), max_bytes)
-    return _local_corpus("text", _split_text(content, level), level, lower_case, min_freq)
+    """Any local text: files in sorted order, split by LOCAL_SPLIT_RULE."""
+    files = text_files(text)
+    root = text if os.path.isdir(text) else os.path.dirname(os.path.commonpath([os.path.abspath(f) for f in files]))
+    parts = _split_files([os.path.abspath(f) for f in files], root, level, max_bytes)
+    return _local_corpus("text", parts, level, lower_case, min_freq)
 
 
 def stdlib_files():
@@ -280,9 +306,12 @@ def stdlib_files():
 
 
 def stdlib(level="byte", max_bytes=8_000_000, **_):
-    """The default corpus: this interpreter's standard-library sources, byte level."""
-    content = _read_files(stdlib_files(), max_bytes)
-    return _local_corpus("stdlib", _split_text(content, level), level)
+    """The default corpus: this interpreter's standard-library sources, byte level, split
+    by file (LOCAL_SPLIT_RULE); with `max_bytes`, files are taken in crc32 order so the
+    sample is not one alphabetical corner of the library."""
+    root = sysconfig.get_paths()["stdlib"]
+    files = sorted(stdlib_files(), key=lambda p: zlib.crc32(os.path.relpath(p, root).encode("utf-8")))
+    return _local_corpus("stdlib", _split_files(files, root, level, max_bytes), level)
 
 
 def tfds_text(name, data_dir=None, level="char", lower_case=False, min_freq=1, download=False, **_):

@@ -64,7 +64,7 @@ def _parse(serialized):
     return tf.reshape(block, tf.cast(features["shape"], tf.int32))
 
 
-def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size=None):
+def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size=None, skip=0):
     """Per-replica batches of one host, in the order tf.distribute hands them out.
 
     Yields `(inputs, targets)` int32 `[per_host_batch // num_core_per_host, length]`:
@@ -79,6 +79,8 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
         num_core_per_host: replicas on this host; must divide `per_host_batch`.
         repeat: loop forever; default: for training records.
         vocab_size: if given, the records must have been built with this vocabulary size.
+        skip: chunks already consumed (a resumed run's step), skipped so the run
+            continues exactly where it stopped.
     """
     batch = info["per_host_batch"]
     if num_core_per_host <= 0 or batch % num_core_per_host:
@@ -99,6 +101,9 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
     ds = tf.data.TFRecordDataset(path).map(_parse)
     if repeat if repeat is not None else not info["evaluation"]:
         ds = ds.cache().repeat()
+        skip = skip % info["num_batch"]
+    if skip:
+        ds = ds.skip(skip)
 
     def split_replicas(block):
         block = tf.reshape(block, [num_core_per_host, per_replica, -1])
@@ -108,7 +113,7 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
     return ds.flat_map(split_replicas).prefetch(tf.data.AUTOTUNE)
 
 
-def distributed_dataset_fn(info, num_core_per_host=None, repeat=None, vocab_size=None):
+def distributed_dataset_fn(info, num_core_per_host=None, repeat=None, vocab_size=None, skip=0):
     """A function for `strategy.distribute_datasets_from_function`: each input pipeline
     (host) reads its own share; the strategy's layout must match the records'."""
 
@@ -121,7 +126,7 @@ def distributed_dataset_fn(info, num_core_per_host=None, repeat=None, vocab_size
                 f"input pipelines and {context.num_replicas_in_sync} replicas. "
                 + _rebuild_hint(info["split"], info["per_host_batch"], info["tgt_len"], hosts)
             )
-        return stream_dataset(info, context.input_pipeline_id, cores, repeat, vocab_size)
+        return stream_dataset(info, context.input_pipeline_id, cores, repeat, vocab_size, skip)
 
     return dataset_fn
 

@@ -85,10 +85,24 @@ def test_local_text_split_rule_and_levels(tmp_path):
     assert words.vocab.decode(words.split_ids["test"]()).endswith("line 2 39 <eos>")
 
 
+def test_many_files_are_split_by_file(tmp_path):
+    import zlib
+
+    for i in range(60):
+        write(str(tmp_path / "src" / f"mod{i}.py"), f"value_{i} = {i}\n")
+    corpus = load_corpus("text", text=str(tmp_path / "src"), level="char")
+    for split in ("train", "valid", "test"):
+        text = corpus.vocab.decode(corpus.split_ids[split]())
+        for i in range(60):
+            bucket = zlib.crc32(f"mod{i}.py".encode()) % 20
+            expected = "test" if bucket == 0 else "valid" if bucket == 1 else "train"
+            assert (f"value_{i} = {i}\n" in text) == (expected == split)
+
+
 def test_stdlib_default_needs_no_download():
     corpus = load_corpus("stdlib", max_bytes=200_000)
     train = corpus.split_ids["train"]()
-    assert len(train) >= 180_000  # bytes of the first 90% of 200,000 characters
+    assert len(train) >= 180_000  # bytes of 90% of 200,000 characters, whole files
     assert "def " in corpus.vocab.decode(train[:20000])
 
 

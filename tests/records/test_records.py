@@ -72,10 +72,8 @@ def test_num_passes_adds_rotated_copies(tmp_path):
     assert info["stream_length"] == 300 and np.bincount(tokens, minlength=200).max() >= 3
 
 
-def test_works_with_distribute_datasets_from_function(tmp_path):
-    devices = tf.config.list_logical_devices("CPU")
-    strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:2]]) if len(devices) > 1 \
-        else tf.distribute.get_strategy()
+def test_works_with_distribute_datasets_from_function(tmp_path, mirrored):
+    strategy = mirrored
     replicas = strategy.num_replicas_in_sync
     ids = np.arange(400, dtype=np.int32)
     write_split(ids, str(tmp_path), "train", 4, 5, vocab_size=400, log=lambda *_: None)

@@ -59,10 +59,13 @@ class TransformerXL(keras.Model):
         mem_len, clamp_len, same_length: optional overrides of the config for this call
             (evaluation uses longer memory than training). Not in stateful mode for
             `mem_len`.
+        memory_valid: optional int32 scalar: only the last `memory_valid` slots of
+            `mems` hold real positions (fixed-shape memory, as trainers keep it).
 
     Returns:
         dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
-        `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)`.
+        `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)`; with
+        `memory_valid` (or in stateful mode) also the new `"memory_valid"`.
 
     Example:
     >>> model = TransformerXL(TransformerXLConfig.from_preset("tiny"))
@@ -196,7 +199,8 @@ class TransformerXL(keras.Model):
 
     # -- the forward pass ------------------------------------------------------------------
 
-    def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None, same_length=None):
+    def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None,
+             same_length=None, memory_valid=None):
         c = self.config
         self._check_inputs(tokens, mems)
         if mem_len is not None and self.stateful and mem_len != c.mem_len:
@@ -208,7 +212,6 @@ class TransformerXL(keras.Model):
         clamp_len = c.clamp_len if clamp_len is None else clamp_len
         same_length = c.same_length if same_length is None else same_length
 
-        memory_valid = None
         if self.stateful:
             mems, memory_valid = self.memory.read()
         elif mems is None:
@@ -263,11 +266,13 @@ class TransformerXL(keras.Model):
             hidden = block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs)
 
         new_mems = self.memory(layer_inputs, mems, mem_len=mem_len)
-        if self.stateful:
-            cached = query_length - c.ext_len
-            self.memory.write(new_mems, ops.minimum(mem_len, memory_valid + cached))
         hidden = self.out_dropout(hidden, training=training)
-        return {"hidden": hidden, "mems": new_mems}
+        out = {"hidden": hidden, "mems": new_mems}
+        if memory_valid is not None:
+            out["memory_valid"] = ops.minimum(mem_len, memory_valid + query_length - c.ext_len)
+            if self.stateful:
+                self.memory.write(new_mems, out["memory_valid"])
+        return out
 
     def _learned_relative_rows(self, positions, clamp_len):
         """attn_type 1: table row of each descending distance (far distances share the

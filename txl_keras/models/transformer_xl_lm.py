@@ -40,6 +40,7 @@ class TransformerXLLM(keras.Model):
         training: bool.
         return_log_probs: bool.
         mem_len, clamp_len, same_length: optional per-call overrides (evaluation).
+        memory_valid: optional int32 scalar, see `TransformerXL`.
 
     Example:
     >>> model = TransformerXLLM(TransformerXLConfig.from_preset("tiny"))
@@ -95,6 +96,7 @@ class TransformerXLLM(keras.Model):
         mem_len=None,
         clamp_len=None,
         same_length=None,
+        memory_valid=None,
     ):
         out = dict(
             self.backbone(
@@ -104,6 +106,7 @@ class TransformerXLLM(keras.Model):
                 mem_len=mem_len,
                 clamp_len=clamp_len,
                 same_length=same_length,
+                memory_valid=memory_valid,
             )
         )
         if targets is not None:

@@ -1,0 +1,45 @@
+"""Small corpora, records and subprocess runs for the training tests."""
+
+import os
+import subprocess
+import sys
+
+from tf_records.build import build_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write_corpus(path, lines=600):
+    """A text with structure a tiny model can learn quickly."""
+    words = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "theta"]
+    with open(path, "w") as f:
+        for i in range(lines):
+            f.write(" ".join(words[(i * 3 + j) % len(words)] for j in range(5 + i % 4)) + ".\n")
+    return path
+
+
+def build(tmp, batch=4, tgt_len=8, hosts=1, eval_batch=None, splits=("train", "valid")):
+    text = write_corpus(os.path.join(tmp, "corpus.txt"))
+    records = os.path.join(tmp, "records")
+    build_records("text", records, text=text, level="char", splits=list(splits), tgt_len=tgt_len,
+                  per_host_train_bsz=batch, per_host_valid_bsz=eval_batch or batch, num_hosts=hosts,
+                  log=lambda *_: None)
+    return records
+
+
+def train_command(data_dir, model_dir, *extra):
+    return [sys.executable, os.path.join(ROOT, "train_gpu.py"), "--config=tiny", f"--data_dir={data_dir}",
+            f"--model_dir={model_dir}", "--train_batch_size=4", "--eval_batch_size=4", "--tgt_len=8",
+            "--mem_len=8", "--learning_rate=3e-3", "--warmup_steps=0", *extra]
+
+
+def env(**extra):
+    out = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **extra)
+    out.pop("TF_CONFIG", None)
+    out["PYTHONPATH"] = ROOT + os.pathsep + out.get("PYTHONPATH", "")
+    return out
+
+
+def run(command, timeout=240, **kwargs):
+    return subprocess.run(["timeout", "-k", "10", str(timeout)] + command, capture_output=True, text=True,
+                          env=kwargs.pop("env", env()), **kwargs)

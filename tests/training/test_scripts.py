@@ -1,0 +1,121 @@
+"""train_gpu.py / train_tpu.py as a user runs them, in subprocesses bounded by `timeout -k`."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+from helpers import ROOT, build, env, run, train_command
+
+from txl_keras.training import checkpoints
+
+
+def final_weights(model_dir):
+    step, path = checkpoints.latest_checkpoint(model_dir)
+    out = {}
+    with h5py.File(os.path.join(path, "model.weights.h5")) as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return step, out, checkpoints.load_state(path)
+
+
+def step_lines(text):
+    return [line for line in text.splitlines() if line.startswith("step ")]
+
+
+def test_unknown_flags_and_missing_tpu_are_reported_clearly(tmp_path):
+    bad = run([sys.executable, os.path.join(ROOT, "train_gpu.py"), "--num_host=2"], timeout=60)
+    assert bad.returncode != 0 and "Unknown command line flag 'num_host'" in bad.stderr
+    start = time.time()
+    tpu = run([sys.executable, os.path.join(ROOT, "train_tpu.py")], timeout=60)
+    assert tpu.returncode != 0 and "No TPU given: pass --tpu=NAME" in tpu.stderr
+    local = run([sys.executable, os.path.join(ROOT, "train_tpu.py"), "--tpu=local"], timeout=60)
+    assert local.returncode != 0 and "has no TPU devices" in local.stderr
+    assert time.time() - start < 60
+
+
+def test_sigkill_then_same_command_resumes_bit_exactly(tmp_path):
+    records = build(str(tmp_path))
+    extra = ["--train_steps=24", "--iterations=4", "--save_steps=8", "--do_eval=false", "--dropout=0.1"]
+    reference = run(train_command(records, str(tmp_path / "ref"), *extra))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    command = train_command(records, str(tmp_path / "killed"), *extra)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith("step      12"):  # after the checkpoint of step 8, before that of 16
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    resumed = run(command)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    step_a, weights_a, state_a = final_weights(str(tmp_path / "ref"))
+    step_b, weights_b, state_b = final_weights(str(tmp_path / "killed"))
+    assert step_a == step_b == 24
+    for name in weights_a:
+        np.testing.assert_array_equal(weights_a[name], weights_b[name], err_msg=name)
+    for name in state_a:
+        np.testing.assert_array_equal(state_a[name], state_b[name], err_msg=name)
+    # the loss curve after the resume point is the same
+    assert step_lines(resumed.stdout) == step_lines(reference.stdout)[-len(step_lines(resumed.stdout)):]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_workers_train_and_end_identical(tmp_path):
+    records = build(str(tmp_path), hosts=2)
+    ports = [free_port(), free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    model_dir = str(tmp_path / "mw")
+    processes = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        command = ["timeout", "-k", "10", "180"] + train_command(
+            records, model_dir, "--num_hosts=2", "--train_steps=6", "--iterations=3", "--save_steps=6",
+            "--do_eval=false", "--startup_timeout=60", "--collective_timeout=60")
+        processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=env(TF_CONFIG=tf_config)))
+    outputs = [p.communicate(timeout=200)[0] for p in processes]
+    for p, out in zip(processes, outputs):
+        assert p.returncode == 0, out[-3000:]
+    step_a, weights_a, _ = final_weights(model_dir)
+    step_b, weights_b, _ = final_weights(os.path.join(model_dir, "worker-1"))
+    assert step_a == step_b == 6
+    for name in weights_a:
+        np.testing.assert_array_equal(weights_a[name], weights_b[name], err_msg=name)
+
+
+def test_a_worker_whose_peer_never_comes_exits_with_an_error(tmp_path):
+    records = build(str(tmp_path), hosts=2)
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    start = time.time()
+    lone = run(train_command(records, str(tmp_path / "lone"), "--num_hosts=2", "--startup_timeout=15"),
+               timeout=120, env=env(TF_CONFIG=tf_config))
+    assert lone.returncode == 3 and "not all 2 workers of TF_CONFIG joined" in lone.stderr
+    assert time.time() - start < 100
+
+
+@pytest.mark.slow
+def test_quickstart_on_the_default_corpus_lowers_validation_loss(tmp_path):
+    """The README's main command, shortened: stdlib sources, no download."""
+    command = [sys.executable, os.path.join(ROOT, "train_gpu.py"), "--train_steps=150", "--iterations=50",
+               "--max_eval_batch=20", "--save_steps=0", "--model_dir=runs/e2e"]
+    result = run(command, timeout=600, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.load(open(tmp_path / "runs" / "e2e" / "eval_results.json"))
+    before, after = results["before"], results["after"]
+    assert after["loss"] < before["loss"] - 1.0, (before, after)
+    assert "validation bpc" in result.stdout

@@ -1,0 +1,145 @@
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import build
+
+from txl_keras import TransformerXLConfig
+from txl_keras.training import NonFiniteLossError, TrainConfig, Trainer, latest_checkpoint
+
+
+def make(tmp_path, records, strategy=None, model_dir="model", dropout=0.0, **overrides):
+    n_token = __import__("tf_records").load_corpus_info(records)["vocab_size"]
+    cfg = TransformerXLConfig.from_preset("tiny", n_token=n_token, dropout=dropout)
+    settings = dict(model_dir=str(tmp_path / model_dir), records_dir=records, train_batch_size=4,
+                    eval_batch_size=4, train_steps=6, iterations=2, save_steps=0, learning_rate=3e-3,
+                    max_eval_batch=-1)
+    settings.update(overrides)
+    return Trainer(strategy or tf.distribute.get_strategy(), cfg, TrainConfig(**settings), log=lambda *_: None)
+
+
+def weights(trainer):
+    return [np.array(w) for w in trainer.model.get_weights()]
+
+
+def test_two_replicas_equal_one_device_with_the_same_global_batch(tmp_path, mirrored):
+    records = build(str(tmp_path))
+    one = make(tmp_path, records, model_dir="one")
+    one.train()
+    two = make(tmp_path, records, strategy=mirrored, model_dir="two")
+    assert two.replicas == 2 and two.per_replica == 2
+    two.train()
+    for a, b in zip(weights(one), weights(two)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # each replica kept the memory of its own streams: together they equal one device's
+    one_mem = one.memory.memory_variables[0].numpy()
+    two_mem = np.concatenate([v.numpy() for v in mirrored.experimental_local_results(
+        two.memory.memory_variables[0].value)])
+    np.testing.assert_allclose(one_mem, two_mem, rtol=1e-4, atol=1e-5)
+
+
+def test_memory_persists_across_host_loop_calls(tmp_path):
+    records = build(str(tmp_path))
+    per_step = make(tmp_path, records, model_dir="a", iterations=1)
+    per_step.train()
+    batched = make(tmp_path, records, model_dir="b", iterations=6)
+    batched.train()
+    for a, b in zip(weights(per_step), weights(batched)):
+        np.testing.assert_array_equal(a, b)
+    assert int(per_step.memory.valid_variable.numpy()) == per_step.config.mem_len
+    assert np.abs(per_step.memory.memory_variables[1].numpy()).sum() > 0
+
+
+@pytest.mark.parametrize("eval_settings", [
+    {},
+    {"eval_tgt_len": 5, "eval_mem_len": 12, "eval_clamp_len": 6, "eval_same_length": True},
+])
+def test_evaluation_equals_direct_computation_over_the_split(tmp_path, eval_settings):
+    from tf_records import load_corpus
+
+    tgt = eval_settings.get("eval_tgt_len", 8)
+    records = build(str(tmp_path), eval_batch=1, tgt_len=8)
+    if tgt != 8:
+        build(str(tmp_path), eval_batch=1, tgt_len=tgt, splits=("valid",))
+    trainer = make(tmp_path, records, eval_batch_size=1, **eval_settings)
+    trainer.train()
+    result = trainer.evaluate(progress=False)
+    corpus = load_corpus("text", text=str(tmp_path / "corpus.txt"), level="char")
+    ids = corpus.split_ids["valid"]()
+    assert result["tokens"] == len(ids) - 1 == result["expected_tokens"]
+    mem_len = eval_settings.get("eval_mem_len", trainer.config.mem_len)
+    kwargs = dict(mem_len=mem_len, clamp_len=eval_settings.get("eval_clamp_len"),
+                  same_length=eval_settings.get("eval_same_length"))
+    total, mems = 0.0, None
+    for t in range(0, len(ids) - 1, tgt):
+        x, y = ids[None, t:t + tgt], ids[None, t + 1:t + tgt + 1]
+        x = x[:, : y.shape[1]]
+        out = trainer.model(x, targets=y, mems=mems, **kwargs)
+        mems = out["mems"]
+        total += float(np.sum(out["nll"]))
+    assert result["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
+    assert result["bpc"] == pytest.approx(result["loss"] / math.log(2))
+
+
+def test_evaluation_with_many_streams_scores_every_token_once(tmp_path, mirrored):
+    records = build(str(tmp_path), eval_batch=6)
+    trainer = make(tmp_path, records, strategy=mirrored, eval_batch_size=6, train_steps=2)
+    result = trainer.evaluate(progress=False)
+    assert result["tokens"] == result["expected_tokens"]
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    records = build(str(tmp_path))
+    trainer = make(tmp_path, records, train_steps=2, save_steps=2)
+    trainer.train()
+    good = weights(trainer)
+    trainer.tc.train_steps = 6
+    variable = trainer.model.trainable_variables[3]
+    variable.assign(tf.fill(variable.shape, np.nan))
+    with pytest.raises(NonFiniteLossError, match="at step 3; training stopped.*last good checkpoint"):
+        trainer.train()
+    assert latest_checkpoint(trainer.tc.model_dir)[0] == 2
+    assert int(trainer.step.numpy()) == 2
+    skipping = make(tmp_path, records, train_steps=6, save_steps=0, skip_nonfinite=True)
+    skipping.restore_or_warm_start()
+    variable = skipping.model.trainable_variables[3]
+    variable.assign(tf.fill(variable.shape, np.nan))
+    skipping.train()  # skips every step now, without raising
+    assert int(skipping.step.numpy()) == 6
+    np.testing.assert_array_equal(weights(skipping)[0], good[0])
+
+
+def test_interrupted_checkpoint_write_then_resume_is_exact(tmp_path, monkeypatch):
+    records = build(str(tmp_path))
+    settings = dict(train_steps=6, save_steps=2, dropout=0.2)  # dropout: randomness is restored too
+    reference = make(tmp_path, records, model_dir="ref", **settings)
+    reference.train()
+    crashing = make(tmp_path, records, model_dir="crash", **settings)
+    real_savez = np.savez
+    calls = {"n": 0}
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the checkpoint of step 4, mid-write
+            raise KeyboardInterrupt
+        return real_savez(*args, **kwargs)
+
+    monkeypatch.setattr(np, "savez", dying)
+    with pytest.raises(KeyboardInterrupt):
+        crashing.train()
+    monkeypatch.setattr(np, "savez", real_savez)
+    assert latest_checkpoint(str(tmp_path / "crash"))[0] == 2
+    resumed = make(tmp_path, records, model_dir="crash", **settings)
+    resumed.train()
+    for a, b in zip(weights(reference), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_records_of_another_layout_are_refused(tmp_path, mirrored):
+    records = build(str(tmp_path))
+    trainer = make(tmp_path, records, train_batch_size=8)
+    with pytest.raises(ValueError, match="built for another layout.*--per_host_train_bsz=8"):
+        trainer.train()
+    with pytest.raises(ValueError, match="not divisible"):
+        make(tmp_path, records, strategy=mirrored, train_batch_size=3, eval_batch_size=4)

@@ -1,0 +1,60 @@
+"""Train / evaluate Transformer-XL on CPU, GPUs, or several machines (tf.distribute).
+
+    python train_gpu.py                       # quickstart: stdlib corpus, small model, CPU
+    python train_gpu.py --config=enwik8_base --data_dir=data/enwik8 --train_batch_size=24 ...
+
+One machine: MirroredStrategy over its GPUs (or --num_core_per_host logical CPUs), one
+CPU otherwise. Several machines: set TF_CONFIG as for MultiWorkerMirroredStrategy on
+each worker; every worker runs the same command.
+"""
+
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from txl_keras.training import cli  # noqa: E402
+from txl_keras.training.watchdog import Watchdog  # noqa: E402
+
+flags.DEFINE_integer("startup_timeout", 300, "Seconds to wait for all workers to join.")
+flags.DEFINE_integer("collective_timeout", 600, "Seconds before a collective with a dead peer fails.")
+FLAGS = flags.FLAGS
+
+
+def make_strategy():
+    """`(strategy, num_hosts, is_chief)` for this machine and TF_CONFIG."""
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    workers = cluster.get("worker", [])
+    if len(workers) > 1:
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=FLAGS.collective_timeout)
+        with Watchdog(FLAGS.startup_timeout, f"not all {len(workers)} workers of TF_CONFIG joined; "
+                      "start the same command on every worker"):
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+            strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+        resolver = strategy.cluster_resolver
+        return strategy, len(workers), resolver.task_type in (None, "chief") or resolver.task_id == 0
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        devices = [f"/gpu:{i}" for i in range(FLAGS.num_core_per_host or len(gpus))]
+        return tf.distribute.MirroredStrategy(devices), 1, True
+    cores = FLAGS.num_core_per_host or 1
+    if cores > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cores)
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(cores)]), 1, True
+    return tf.distribute.get_strategy(), 1, True
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    strategy, num_hosts, is_chief = make_strategy()
+    cli.run(strategy, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,70 @@
+"""Train / evaluate Transformer-XL on a Cloud TPU (a TPU VM or a pod slice).
+
+    python train_tpu.py --tpu=local --config=wt103_large --data_dir=gs://bucket/wt103 ...
+
+The loop, flags and checkpoints are the ones of train_gpu.py; only the strategy differs.
+Without a reachable TPU it stops within seconds with a message saying what to pass.
+"""
+
+import glob
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from txl_keras.training import cli  # noqa: E402
+from txl_keras.training.watchdog import Watchdog  # noqa: E402
+
+flags.DEFINE_string("tpu", None, "TPU name or grpc:// address; 'local' on a TPU VM.")
+flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU (with a TPU name).")
+flags.DEFINE_string("gcp_project", None, "GCP project of the TPU (with a TPU name).")
+flags.DEFINE_integer("tpu_timeout", 120, "Seconds to wait for the TPU to answer.")
+FLAGS = flags.FLAGS
+
+
+class NoTPUError(RuntimeError):
+    pass
+
+
+def _local_tpu_present():
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def connect_tpu():
+    """`(strategy, num_hosts)`, or NoTPUError with what to do."""
+    tpu = FLAGS.tpu or os.environ.get("TPU_NAME")
+    if not tpu:
+        raise NoTPUError("No TPU given: pass --tpu=NAME (with --tpu_zone and --gcp_project), "
+                         "--tpu=grpc://HOST:8470, or --tpu=local on a TPU VM. For GPUs or CPUs use train_gpu.py.")
+    if tpu == "local" and not _local_tpu_present():
+        raise NoTPUError("--tpu=local but this machine has no TPU devices (/dev/accel*); run on a TPU VM, "
+                         "or use train_gpu.py.")
+    with Watchdog(FLAGS.tpu_timeout, f"the TPU {tpu!r} did not answer; check the name, zone and project, "
+                  "and that it is running"):
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+                tpu=tpu, zone=FLAGS.tpu_zone, project=FLAGS.gcp_project)
+            if tpu != "local":
+                tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (ValueError, tf.errors.NotFoundError, tf.errors.UnavailableError, IndexError) as e:
+            raise NoTPUError(f"Could not reach the TPU {tpu!r}: {str(e).splitlines()[0]}") from None
+    strategy = tf.distribute.TPUStrategy(resolver)
+    return strategy, strategy.extended.num_hosts
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    try:
+        strategy, num_hosts = connect_tpu()
+    except NoTPUError as e:
+        raise SystemExit(f"error: {e}")
+    cli.run(strategy, num_hosts=num_hosts, is_chief=True, log=lambda *a: print(*a, flush=True))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,346 @@
+"""The strategy-agnostic training and evaluation loop shared by train_gpu.py and train_tpu.py.
+
+One replica step reads that replica's memory, runs forward and backward (optionally
+XLA-compiled, optionally in `batch_chunk` pieces), stores the new memory, and returns
+gradients summed over replicas and clipped by their global norm. A `tf.function` runs
+`iterations` such steps per call (the TPU host-loop pattern). The memory lives in
+per-replica variables, so it persists across steps and host-loop calls, and it is saved
+in checkpoints with everything else needed to resume bit for bit.
+"""
+
+import math
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_records import distributed_dataset_fn, load_record_info
+from txl_keras.layers.memory_cache import MemoryCache
+from txl_keras.models.transformer_xl_lm import TransformerXLLM
+from txl_keras.training import checkpoints
+from txl_keras.training.optimizer import Adam
+from txl_keras.training.schedule import learning_rate
+
+LN2 = math.log(2.0)
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def _progress(total, title, log):
+    """A progress bar on a terminal, a line every 10% otherwise (logs stay readable)."""
+    if log is None:
+        return lambda done, loss: None
+    if sys.stdout.isatty():
+        bar = keras.utils.Progbar(total, stateful_metrics=["loss"])
+        return lambda done, loss: bar.update(done, [("loss", loss)])
+    marks = {max(1, round(total * k / 10)) for k in range(1, 11)}
+    return lambda done, loss: log(f"{title}: {done}/{total} batches, loss {loss:.4f}") if done in marks else None
+
+
+def _scalar_summary(name, value):
+    """A TensorBoard scalar, written without needing the tensorboard package."""
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
+
+
+class Trainer:
+    """Train and evaluate a `TransformerXLLM` under a `tf.distribute` strategy.
+
+    Args:
+        strategy: any `tf.distribute.Strategy` (default, Mirrored, MultiWorkerMirrored, TPU).
+        model_config: `TransformerXLConfig`.
+        train_config: `TrainConfig`.
+        num_hosts: input pipelines (workers / TPU hosts); the records must match.
+        is_chief: whether this worker writes logs and summaries.
+        log: a print-like function.
+    """
+
+    def __init__(self, strategy, model_config, train_config, num_hosts=1, is_chief=True, log=print):
+        self.strategy = strategy
+        self.config = model_config
+        self.tc = train_config
+        self.num_hosts = num_hosts
+        self.is_chief = is_chief
+        self.log = log if is_chief else (lambda *a, **k: None)
+        self.replicas = strategy.num_replicas_in_sync
+        self.cores = self.replicas // num_hosts
+        for name in ("train_batch_size", "eval_batch_size"):
+            if getattr(train_config, name) % self.cores:
+                raise ValueError(
+                    f"{name}={getattr(train_config, name)} (per host) is not divisible by the "
+                    f"{self.cores} replicas of each host."
+                )
+        self.per_replica = train_config.train_batch_size // self.cores
+        self.chunk = self.per_replica // train_config.batch_chunk
+        if train_config.deterministic:
+            tf.config.experimental.enable_op_determinism()
+        keras.utils.set_random_seed(train_config.seed)
+        with strategy.scope():
+            self.model = TransformerXLLM(
+                model_config, tail_mode="dense" if train_config.xla else "auto",
+                dtype=train_config.precision, name="transformer_xl_lm",
+            )
+            self.model.build((None, model_config.tgt_len))
+            self.memory = self._memory(model_config.mem_len, self.per_replica)
+            self.optimizer = Adam(self.model.trainable_variables)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self.loss_scale = tf.Variable(2.0**15 if train_config.precision == "mixed_float16" else 1.0,
+                                          trainable=False, name="loss_scale")
+            self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
+        self.seed_states = [v for v in self.model.variables if "seed_generator_state" in v.path]
+        self._train_fn = None
+        self._started = False
+        self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) \
+            if train_config.xla else self._forward_backward_impl
+
+    def _local(self, values):
+        """The values of this worker's replicas, in replica order."""
+        return self.strategy.experimental_local_results(values)
+
+    def _memory(self, mem_len, batch):
+        return MemoryCache(
+            mem_len, self.config.n_layer, self.config.d_model, ext_len=self.config.ext_len,
+            stateful=True, batch_size=batch, zero_init=self.config.mem_init == "zeros",
+            dtype=self.tc.precision,
+        )
+
+    # -- training ------------------------------------------------------------------------
+
+    def _forward_backward_impl(self, inputs, targets, mems, valid, scale, global_tokens):
+        with tf.GradientTape() as tape:
+            out = self.model(inputs, targets=targets, mems=mems, memory_valid=valid, training=True)
+            nll_sum = tf.reduce_sum(out["nll"])
+            loss = nll_sum / global_tokens * scale
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        return nll_sum, grads, out["mems"], out["memory_valid"]
+
+    def _replica_step(self, inputs, targets):
+        context = tf.distribute.get_replica_context()
+        global_tokens = tf.cast(tf.size(targets) * self.replicas, tf.float32)
+        mems, valid = self.memory.read()
+        grads, nll_total, new_mems_parts, new_valid = None, 0.0, [], valid
+        for k in range(self.tc.batch_chunk):
+            rows = slice(k * self.chunk, (k + 1) * self.chunk)
+            part_mems = [m[rows] for m in mems]
+            nll_sum, part_grads, part_new, new_valid = self._forward_backward(
+                inputs[rows], targets[rows], part_mems, valid, self.loss_scale, global_tokens)
+            nll_total += nll_sum
+            grads = part_grads if grads is None else [a + b for a, b in zip(grads, part_grads)]
+            new_mems_parts.append(part_new)
+        new_mems = [tf.concat([p[i] for p in new_mems_parts], 0) for i in range(self.config.n_layer)]
+        self.memory.write(new_mems, new_valid)
+        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        grads = [g / self.loss_scale for g in grads]
+        nll_total = context.all_reduce(tf.distribute.ReduceOp.SUM, nll_total)
+        gnorm = tf.linalg.global_norm(grads)
+        finite = tf.math.is_finite(gnorm) & tf.math.is_finite(nll_total)
+        clipped, _ = tf.clip_by_global_norm(grads, self.tc.clip, use_norm=gnorm)
+        return clipped, nll_total / global_tokens, gnorm, finite
+
+    def _build_train_fn(self):
+        tc = self.tc
+
+        @tf.function
+        def train_steps(iterator, num_steps):
+            loss_sum = tf.constant(0.0)
+            gnorm_sum = tf.constant(0.0)
+            done = tf.constant(0, tf.int64)
+            bad = tf.constant(False)
+            for _ in tf.range(num_steps):
+                inputs, targets = next(iterator)
+                grads, loss, gnorm, finite = self.strategy.run(self._replica_step, args=(inputs, targets))
+                loss, gnorm, finite = self._local(loss)[0], self._local(gnorm)[0], self._local(finite)[0]
+                lr = learning_rate(self.step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
+                                   tc.min_lr_ratio, tc.lr_schedule)
+                if finite:
+                    self.optimizer.apply(grads, lr)
+                    self.good_steps.assign_add(1)
+                    if tc.precision == "mixed_float16" and self.good_steps % 2000 == 0:
+                        self.loss_scale.assign(self.loss_scale * 2.0)
+                    loss_sum += loss
+                    gnorm_sum += gnorm
+                    done += 1
+                elif tc.precision == "mixed_float16":
+                    self.loss_scale.assign(tf.maximum(self.loss_scale / 2.0, 1.0))
+                    self.good_steps.assign(0)
+                elif not tc.skip_nonfinite:
+                    bad = True
+                    break
+                self.step.assign_add(1)
+            return loss_sum, gnorm_sum, done, bad
+
+        return train_steps
+
+    def _train_iterator(self, info):
+        start = int(self.step.numpy())
+        fn = distributed_dataset_fn(info, self.cores, repeat=True, vocab_size=self.config.n_token,
+                                    skip=start)
+        return iter(self.strategy.distribute_datasets_from_function(fn))
+
+    def train(self):
+        tc = self.tc
+        info = load_record_info(tc.records_dir, "train", tc.train_batch_size, self.config.tgt_len, self.num_hosts)
+        if not self._started:
+            self.restore_or_warm_start()
+        iterator = self._train_iterator(info)
+        if self._train_fn is None:
+            self._train_fn = self._build_train_fn()
+        writer = tf.summary.create_file_writer(os.path.join(tc.model_dir, "train")) if self.is_chief else None
+        tokens_per_step = tc.train_batch_size * self.num_hosts * self.config.tgt_len
+        step = int(self.step.numpy())
+        self.log(f"training from step {step} to {tc.train_steps}: {self.replicas} replicas, "
+                 f"{self.per_replica} streams x {self.config.tgt_len} tokens each per step")
+        while step < tc.train_steps:
+            boundary = min(tc.train_steps, (step // tc.iterations + 1) * tc.iterations)
+            if tc.save_steps:
+                boundary = min(boundary, (step // tc.save_steps + 1) * tc.save_steps)
+            start = time.time()
+            loss_sum, gnorm_sum, done, bad = self._train_fn(iterator, tf.constant(boundary - step, tf.int64))
+            elapsed = time.time() - start
+            step = int(self.step.numpy())
+            if bool(bad):
+                raise NonFiniteLossError(
+                    f"Non-finite loss or gradient at step {step + 1}; training stopped. The last good "
+                    f"checkpoint is kept in {tc.model_dir}. Lower the learning rate, or pass "
+                    "--skip_nonfinite to skip such steps."
+                )
+            done = max(int(done), 1)
+            loss, gnorm = float(loss_sum) / done, float(gnorm_sum) / done
+            lr = float(learning_rate(step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
+                                     tc.min_lr_ratio, tc.lr_schedule))
+            self.log(f"step {step:>7d} | lr {lr:.3e} | loss {loss:.4f} | ppl {math.exp(min(loss, 50)):9.3f} | "
+                     f"bpc {loss / LN2:.4f} | gnorm {gnorm:.3f} | "
+                     f"tok/s {tokens_per_step * (boundary - step + done) / max(elapsed, 1e-9):,.0f}")
+            if writer:
+                with writer.as_default(step=step):
+                    for name, value in (("loss", loss), ("lr", lr), ("gnorm", gnorm), ("bpc", loss / LN2)):
+                        _scalar_summary(name, value)
+            if tc.save_steps and (step % tc.save_steps == 0 or step >= tc.train_steps):
+                self.save()
+        return step
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _state(self):
+        state = {"step": np.array(int(self.step.numpy())),
+                 "loss_scale": np.array(float(self.loss_scale.numpy())),
+                 "good_steps": np.array(int(self.good_steps.numpy()))}
+        for i, v in enumerate(self.optimizer.state):
+            state[f"optimizer_{i}"] = v.numpy()
+        for i, v in enumerate(self.seed_states):
+            state[f"seed_{i}"] = np.asarray(keras.ops.convert_to_numpy(v.value))
+        for i, v in enumerate(self.memory.memory_variables + [self.memory.valid_variable]):
+            for r, value in enumerate(self._local(v.value)):
+                state[f"memory_{i}_replica_{r}"] = value.numpy()
+        return state
+
+    def _worker_dir(self):
+        if self.is_chief:
+            return self.tc.model_dir
+        worker = self.strategy.cluster_resolver.task_id
+        return os.path.join(self.tc.model_dir, f"worker-{worker}")
+
+    def save(self):
+        path = checkpoints.save_checkpoint(self._worker_dir(), int(self.step.numpy()), self.model,
+                                           self._state(), self.tc.keep_checkpoint_max)
+        self.log(f"saved {path}")
+        return path
+
+    def restore(self, path):
+        """Restore weights, optimizer, step, randomness and every replica's memory."""
+        self._started = True
+        self.model.load_weights(checkpoints.weights_path(path))
+        state = checkpoints.load_state(path)
+        self.step.assign(int(state["step"]))
+        self.loss_scale.assign(float(state["loss_scale"]))
+        self.good_steps.assign(int(state["good_steps"]))
+        for i, v in enumerate(self.optimizer.state):
+            v.assign(state[f"optimizer_{i}"])
+        for i, v in enumerate(self.seed_states):
+            v.assign(state[f"seed_{i}"])
+        memory_vars = self.memory.memory_variables + [self.memory.valid_variable]
+        saved_replicas = sum(1 for k in state if k.startswith("memory_0_replica_"))
+        if saved_replicas != self.replicas:
+            raise ValueError(
+                f"The checkpoint {path} holds the memory of {saved_replicas} replicas but this run "
+                f"has {self.replicas}; resume with the same replica layout, or use "
+                "--warm_start_path to start from its weights only."
+            )
+        for i, v in enumerate(memory_vars):
+            values = [state[f"memory_{i}_replica_{r}"] for r in range(self.replicas)]
+            per_replica = self.strategy.experimental_distribute_values_from_function(
+                lambda ctx, values=values: tf.constant(values[ctx.replica_id_in_sync_group]))
+            self.strategy.run(lambda x, v=v: v.assign(x), args=(per_replica,))
+
+    def restore_or_warm_start(self):
+        """Resume from the latest checkpoint of this worker, else warm-start if asked."""
+        self._started = True
+        step, path = checkpoints.latest_checkpoint(self._worker_dir())
+        if path:
+            self.restore(path)
+            self.log(f"resumed from {path} (step {step})")
+        elif self.tc.warm_start_path:
+            self.model.load_weights(checkpoints.weights_path(self.tc.warm_start_path))
+            self.log(f"warm start from {self.tc.warm_start_path}")
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def evaluate(self, split=None, progress=True):
+        """Score every target of a split exactly once with the evaluation settings.
+
+        Returns `{"loss", "ppl", "bpc", "tokens", "expected_tokens"}`; `tokens` equals the
+        split's `num_targets` unless `max_eval_batch` cut the pass short.
+        """
+        tc, c = self.tc, self.config
+        split = split or tc.eval_split
+        tgt_len = tc.eval_tgt_len or c.tgt_len
+        mem_len = c.mem_len if tc.eval_mem_len is None else tc.eval_mem_len
+        clamp_len = c.clamp_len if tc.eval_clamp_len is None else tc.eval_clamp_len
+        same_length = c.same_length if tc.eval_same_length is None else tc.eval_same_length
+        info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
+        with self.strategy.scope():
+            memory = self._memory(mem_len, tc.eval_batch_size // self.cores)
+        model = self.model
+
+        def replica_eval(inputs, targets):
+            mems, valid = memory.read()
+            mask = targets >= 0
+            out = model(inputs, targets=tf.maximum(targets, 0), mems=mems, memory_valid=valid,
+                        mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, training=False)
+            memory.write(out["mems"], out["memory_valid"])
+            nll = tf.reduce_sum(tf.where(mask, out["nll"], 0.0))
+            context = tf.distribute.get_replica_context()
+            return (context.all_reduce(tf.distribute.ReduceOp.SUM, nll),
+                    context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(mask, tf.float64))))
+
+        @tf.function
+        def eval_step(inputs, targets):
+            nll, count = self.strategy.run(replica_eval, args=(inputs, targets))
+            return self._local(nll)[0], self._local(count)[0]
+
+        fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=c.n_token)
+        dataset = self.strategy.distribute_datasets_from_function(fn)
+        batches = info["num_batch"] if tc.max_eval_batch <= 0 else min(tc.max_eval_batch, info["num_batch"])
+        report = _progress(batches, f"eval {split}", self.log if progress else None)
+        total, count = 0.0, 0.0
+        for i, (inputs, targets) in enumerate(dataset):
+            if i >= batches:
+                break
+            nll, n = eval_step(inputs, targets)
+            total, count = total + float(nll), count + float(n)
+            report(i + 1, total / max(count, 1.0))
+        loss = total / max(count, 1.0)
+        result = {"loss": loss, "ppl": math.exp(min(loss, 50)), "bpc": loss / LN2, "tokens": int(count),
+                  "expected_tokens": info["num_targets"], "split": split}
+        self.log(f"eval {split}: loss {loss:.4f} | ppl {result['ppl']:.3f} | bpc {result['bpc']:.4f} | "
+                 f"tokens {int(count)} of {info['num_targets']}")
+        return result
