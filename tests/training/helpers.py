@@ -34,8 +34,8 @@ def train_command(data_dir, model_dir, *extra):
 
 
 def env(**extra):
-    out = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **extra)
-    out.pop("TF_CONFIG", None)
+    out = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    out.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **extra)
     out["PYTHONPATH"] = ROOT + os.pathsep + out.get("PYTHONPATH", "")
     return out
 
