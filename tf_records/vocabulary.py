@@ -114,6 +114,13 @@ class Vocabulary:
             return self.encode_chars(text)
         return self.encode_lines(text.splitlines())
 
+    def encode_prompt(self, text):
+        """ids of a prompt to continue: like `encode_text`, without a closing `<eos>`."""
+        if self.level == "word":
+            symbols = (text.lower() if self.lower_case else text).split()
+            return np.asarray([self.lookup(s) for s in symbols], np.int32)
+        return self.encode_text(text)
+
     def decode(self, ids):
         """Text of ids: bytes decoded as UTF-8 at byte level, symbols joined otherwise."""
         symbols = [self.symbols[int(i)] for i in ids]

@@ -133,6 +133,12 @@ class TransformerXLLM(keras.Model):
             loss = loss + ops.cast(extra, loss.dtype)
         return loss
 
+    def generate(self, prompt, max_new_tokens, **kwargs):
+        """Continue token ids; see `txl_keras.generation.generate` (TensorFlow backend)."""
+        from txl_keras.generation import generate
+
+        return generate(self, prompt, max_new_tokens, **kwargs)
+
     def reset_memory(self):
         """Clear the memory of a stateful model (start new streams)."""
         self.backbone.reset_memory()

@@ -6,11 +6,13 @@ preset that the model flags override. Unknown or misspelt flags are an error.
 
 import json
 import os
+import shutil
 import sys
 
 from absl import flags
 
-from tf_records.build import build_records, default_records_dir, load_corpus_info
+from tf_records.build import VOCAB_FILE, build_records, default_records_dir, load_corpus_info
+from txl_keras.atomic_files import atomic_write_text
 from txl_keras.models.config import PRESETS, TransformerXLConfig
 from txl_keras.training import checkpoints
 from txl_keras.training.train_config import PRECISIONS, TrainConfig
@@ -115,8 +117,10 @@ def run(strategy, num_hosts=1, is_chief=True, log=print):
     tc = train_config(data_dir)
     os.makedirs(tc.model_dir, exist_ok=True)
     if is_chief:
-        with open(os.path.join(tc.model_dir, "config.json"), "w") as f:
-            f.write(config.to_json())
+        atomic_write_text(os.path.join(tc.model_dir, "config.json"), config.to_json())
+        vocab = os.path.join(data_dir, VOCAB_FILE)
+        if os.path.exists(vocab):  # generation and export find it beside the checkpoints
+            shutil.copyfile(vocab, os.path.join(tc.model_dir, VOCAB_FILE))
     trainer = Trainer(strategy, config, tc, num_hosts=num_hosts, is_chief=is_chief, log=log)
     results = {}
     if FLAGS.do_eval_only:
@@ -139,8 +143,7 @@ def run(strategy, num_hosts=1, is_chief=True, log=print):
             b, a = results["before"], results["after"]
             log(f"validation bpc {b['bpc']:.3f} -> {a['bpc']:.3f}, ppl {b['ppl']:.2f} -> {a['ppl']:.2f}")
     if is_chief:
-        with open(os.path.join(tc.model_dir, "eval_results.json"), "w") as f:
-            json.dump(results, f, indent=2)
+        atomic_write_text(os.path.join(tc.model_dir, "eval_results.json"), json.dumps(results, indent=2))
     return results
 
 

@@ -1,0 +1,108 @@
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import randomize, to_np
+
+from txl_keras import TransformerXLConfig, TransformerXLLM
+
+pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TensorFlow export")
+
+CONFIG = dict(n_token=40, n_layer=2, d_model=12, n_head=2, d_head=6, d_inner=20, dropout=0.0,
+              tgt_len=4, mem_len=6, cutoffs=[10, 24], div_val=2, proj_share_all_but_first=True,
+              untie_r=True, same_length=True, clamp_len=5)
+
+
+def model_of(**overrides):
+    model = TransformerXLLM(TransformerXLConfig(**{**CONFIG, **overrides}))
+    model.build((None, 4))
+    randomize(model, scale=0.3)
+    return model
+
+
+LOADER = r"""
+import sys, json
+sys.modules["txl_keras"] = None  # prove the SavedModel needs no txl_keras code
+sys.modules["tf_records"] = None
+import numpy as np, tensorflow as tf
+path, data = sys.argv[1], np.load(sys.argv[2])
+loaded = tf.saved_model.load(path)
+state = loaded.initial_memory(tf.constant(2))
+valid, mems = state["memory_valid"], [state["mem_%d" % i] for i in range(2)]
+out = {}
+for k in range(3):
+    x, y = data["x%d" % k], data["y%d" % k]
+    scored = loaded.score(x, y, valid, *mems)
+    nxt = loaded.next_log_probs(x, valid, *mems)
+    out["nll%d" % k] = scored["nll"].numpy().tolist()
+    out["last%d" % k] = nxt["log_probs"].numpy().tolist()
+    valid, mems = scored["new_memory_valid"], [scored["new_mem_%d" % i] for i in range(2)]
+print(json.dumps(out))
+"""
+
+
+def test_saved_model_matches_keras_over_consecutive_segments(tmp_path):
+    from txl_keras.export import export_saved_model
+
+    model = model_of()
+    export_saved_model(model, str(tmp_path / "exported"))
+    rng = np.random.default_rng(0)
+    data = {}
+    for k in range(3):
+        data[f"x{k}"] = rng.integers(0, 40, (2, 4)).astype("int32")
+        data[f"y{k}"] = rng.integers(0, 40, (2, 4)).astype("int32")
+    np.savez(tmp_path / "data.npz", **data)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    result = subprocess.run([sys.executable, "-c", LOADER, str(tmp_path / "exported"), str(tmp_path / "data.npz")],
+                            capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    mems = None
+    for k in range(3):
+        out = model(data[f"x{k}"], targets=data[f"y{k}"], mems=mems, return_log_probs=True)
+        mems = out["mems"]
+        np.testing.assert_allclose(served[f"nll{k}"], to_np(out["nll"]), atol=1e-4)
+        np.testing.assert_allclose(served[f"last{k}"], to_np(out["log_probs"])[:, -1], atol=1e-4)
+
+
+def test_greedy_generation_equals_argmax_of_full_recomputation():
+    model = model_of(mem_len=32, same_length=False, clamp_len=-1)
+    prompt = np.array([[3, 17, 5, 9, 30, 2, 11], [1, 1, 2, 3, 5, 8, 13]], "int32")
+    out = model.generate(prompt, max_new_tokens=8, temperature=0)
+    assert out.shape == (2, 15)
+    sequence = prompt.copy()
+    for _ in range(8):
+        log_probs = to_np(model(sequence, return_log_probs=True)["log_probs"])[:, -1]
+        sequence = np.concatenate([sequence, log_probs.argmax(-1)[:, None].astype("int32")], 1)
+    np.testing.assert_array_equal(out, sequence)
+
+
+def test_sampling_is_seeded_and_filtered():
+    model = model_of()
+    prompt = np.array([[3, 17, 5]], "int32")
+    a = model.generate(prompt, 10, temperature=1.0, seed=7)
+    b = model.generate(prompt, 10, temperature=1.0, seed=7)
+    c = model.generate(prompt, 10, temperature=1.0, seed=8)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    np.testing.assert_array_equal(model.generate(prompt, 6, top_k=1, seed=3),
+                                  model.generate(prompt, 6, temperature=0))
+    np.testing.assert_array_equal(model.generate(prompt, 6, top_p=1e-6, seed=3),
+                                  model.generate(prompt, 6, temperature=0))
+
+
+def test_stop_token_ends_rows():
+    model = model_of()
+    prompt = np.array([[3, 17, 5]], "int32")
+    greedy = model.generate(prompt, 6, temperature=0)
+    stop = int(greedy[0, 4])  # the second generated token
+    out = model.generate(prompt, 6, temperature=0, stop_token=stop)
+    np.testing.assert_array_equal(out[0, :5], greedy[0, :5])
+    assert (out[0, 5:] == stop).all()
+    with pytest.raises(ValueError, match="Prompt ids"):
+        model.generate(np.array([[99]]), 2)
