@@ -1,0 +1,387 @@
+"""Load the original Transformer-XL weights: TF checkpoints, PyTorch state dicts, and the
+`cache.pkl` vocabulary (read without running pickled code).
+
+    python -m txl_keras.convert --tf_checkpoint=pretrained/wt103/model/model.ckpt-0 \
+        --cache_pkl=pretrained/wt103/data/cache.pkl --output=converted/wt103 \
+        --tgt_len=128 --mem_len=1600 --clamp_len=1000 --same_length
+
+The structure (layers, widths, heads, vocabulary, cutoffs, div_val, tying) is read from
+the variable shapes; the memory settings come from the caller. The source's numerical
+quirks are selected by config fields: TF checkpoints get `mem_init="zeros"`,
+`same_length_convention="tf"`, `cluster_order="tf"`, `layer_norm_epsilon=1e-12`.
+"""
+
+import collections
+import json
+import os
+import pickle
+import re
+
+import numpy as np
+from absl import app, flags
+
+from txl_keras.models.config import TransformerXLConfig
+from txl_keras.models.transformer_xl_lm import TransformerXLLM
+
+OPTIMIZER_SUFFIXES = ("/Adam", "/Adam_1")
+OPTIMIZER_NAMES = ("global_step", "beta1_power", "beta2_power")
+TF_QUIRKS = dict(mem_init="zeros", same_length_convention="tf", cluster_order="tf", layer_norm_epsilon=1e-12)
+PT_QUIRKS = dict(mem_init="empty", same_length_convention="pytorch", cluster_order="pytorch",
+                 layer_norm_epsilon=1e-5)
+HF_QUIRKS = dict(mem_init="zeros", same_length_convention="pytorch", cluster_order="tf",
+                 layer_norm_epsilon=1e-5)
+
+
+class ConversionError(ValueError):
+    pass
+
+
+# -- assignment into a model, shared by both sources ------------------------------------------
+
+
+def _targets(model):
+    """Our variables by a canonical name (the TF name without 'transformer/')."""
+    bb, soft = model.backbone, model.softmax
+    out = {}
+    if bb.config.attn_type == 0:
+        out["r_w_bias"], out["r_r_bias"] = bb.r_w_bias, bb.r_r_bias
+    emb = bb.word_emb
+    for i, (table, proj) in enumerate(zip(emb.tables, emb.projections)):
+        prefix = "adaptive_embed/" if emb.div_val == 1 else f"adaptive_embed/cutoff_{i}/"
+        out[prefix + "lookup_table"] = table
+        if proj is not None:
+            out[prefix + "proj_W"] = proj
+    for l, block in enumerate(bb.blocks):
+        a, f = block.attention, block.feed_forward
+        out.update({
+            f"layer_{l}/rel_attn/qkv/kernel": a.qkv_kernel,
+            f"layer_{l}/rel_attn/o/kernel": a.o_kernel,
+            f"layer_{l}/rel_attn/LayerNorm/gamma": a.layer_norm.gamma,
+            f"layer_{l}/rel_attn/LayerNorm/beta": a.layer_norm.beta,
+            f"layer_{l}/ff/layer_1/kernel": f.layer_1.kernel,
+            f"layer_{l}/ff/layer_1/bias": f.layer_1.bias,
+            f"layer_{l}/ff/layer_2/kernel": f.layer_2.kernel,
+            f"layer_{l}/ff/layer_2/bias": f.layer_2.bias,
+            f"layer_{l}/ff/LayerNorm/gamma": f.layer_norm.gamma,
+            f"layer_{l}/ff/LayerNorm/beta": f.layer_norm.beta,
+        })
+        if a.position_projection:
+            out[f"layer_{l}/rel_attn/r/kernel"] = a.r_kernel
+    if not soft.cutoffs:
+        out["adaptive_softmax/bias"] = soft.biases[0]
+    else:
+        for i, bias in enumerate(soft.biases):
+            out[f"adaptive_softmax/cutoff_{i}/b"] = bias
+        out["adaptive_softmax/cutoff_0/cluster_W"] = soft.cluster_W
+        out["adaptive_softmax/cutoff_0/cluster_b"] = soft.cluster_b
+    for i, proj in enumerate(soft.own_projections):
+        if proj is not None:
+            out[f"adaptive_softmax/cutoff_{i}/proj"] = proj
+    for i, table in enumerate(soft.own_tables):
+        if table is not None:
+            out[f"adaptive_softmax/cutoff_{i}/weight"] = table
+    return out
+
+
+def _assign(model, arrays, source):
+    """Assign canonical-named arrays; every target must be filled, every array used."""
+    targets = _targets(model)
+    missing = sorted(set(targets) - set(arrays))
+    unused = sorted(set(arrays) - set(targets))
+    if missing or unused:
+        raise ConversionError(
+            f"{source} does not match the config: missing {missing[:10]}{'...' if len(missing) > 10 else ''}; "
+            f"not used {unused[:10]}{'...' if len(unused) > 10 else ''}. Check the config fields "
+            "(div_val, proj_share_all_but_first, proj_same_dim, untie_r, cutoffs, d_embed)."
+        )
+    for name, variable in targets.items():
+        value = np.asarray(arrays[name])
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ConversionError(
+                f"{source}: {name} has shape {tuple(value.shape)} but the config needs "
+                f"{tuple(variable.shape)}; the checkpoint was trained with another config."
+            )
+        variable.assign(value.astype(variable.dtype))
+
+
+# -- structure from shapes ---------------------------------------------------------------------
+
+
+def _infer_config(arrays, overrides):
+    layers = sorted({int(m.group(1)) for n in arrays if (m := re.match(r"layer_(\d+)/", n))})
+    if not layers:
+        raise ConversionError("No layer_*/ variables found; is this a Transformer-XL checkpoint?")
+    if "r_w_bias" not in arrays:
+        raise ConversionError("No r_w_bias: only attn_type 0 checkpoints can be converted.")
+    bias = arrays["r_w_bias"].shape
+    d_model = arrays["layer_0/rel_attn/qkv/kernel"].shape[0]
+    n_head, d_head = bias[-2], bias[-1]
+    if "adaptive_embed/lookup_table" in arrays:
+        div_val = 1
+        n_token, d_embed = arrays["adaptive_embed/lookup_table"].shape
+        sizes = [arrays[f"adaptive_softmax/cutoff_{i}/b"].shape[0]
+                 for i in range(64) if f"adaptive_softmax/cutoff_{i}/b" in arrays]
+    else:
+        tables = [arrays[f"adaptive_embed/cutoff_{i}/lookup_table"].shape
+                  for i in range(64) if f"adaptive_embed/cutoff_{i}/lookup_table" in arrays]
+        sizes = [t[0] for t in tables]
+        n_token, d_embed = sum(sizes), tables[0][1]
+        div_val = tables[0][1] // tables[1][1] if len(tables) > 1 else 1
+    cutoffs = list(np.cumsum(sizes)[:-1]) if len(sizes) > 1 else []
+    n_clusters = len(cutoffs) + 1
+    own_proj = [f"adaptive_softmax/cutoff_{i}/proj" in arrays for i in range(n_clusters)]
+    structure = dict(
+        n_token=int(n_token), n_layer=len(layers), d_model=int(d_model), d_embed=int(d_embed),
+        n_head=int(n_head), d_head=int(d_head),
+        d_inner=int(arrays["layer_0/ff/layer_1/kernel"].shape[1]),
+        cutoffs=[int(c) for c in cutoffs], div_val=int(div_val), untie_r=len(bias) == 3,
+        proj_same_dim=not (div_val > 1 and "adaptive_embed/cutoff_0/proj_W" not in arrays and d_embed == d_model),
+        tie_projs=[not p for p in own_proj] if cutoffs else None,
+        dropout=0.0, dropatt=0.0,
+    )
+    # A softmax projection missing from the checkpoint is tied (or not needed, where
+    # the embedding has none either): both read as "use the embedding's".
+    return TransformerXLConfig.from_dict({**structure, **overrides})
+
+
+# -- TensorFlow checkpoints ----------------------------------------------------------------------
+
+
+def read_tf_checkpoint(path):
+    """`{canonical name: array}` of a TF checkpoint (optimizer slots dropped) and the
+    list of names dropped."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except Exception as e:  # NotFoundError, DataLossError
+        raise ConversionError(f"Cannot read a TF checkpoint at {path}: {str(e).splitlines()[0]}") from None
+    arrays, dropped = {}, []
+    for name in reader.get_variable_to_shape_map():
+        if name.endswith(OPTIMIZER_SUFFIXES) or name in OPTIMIZER_NAMES:
+            dropped.append(name)
+            continue
+        if not name.startswith("transformer/"):
+            raise ConversionError(f"Unexpected variable {name!r} in {path}: not under transformer/.")
+        arrays[name[len("transformer/"):]] = reader.get_tensor(name)
+    return arrays, dropped
+
+
+def from_tf_checkpoint(path, config=None, **overrides):
+    """A TransformerXLLM holding the weights of an original TF checkpoint.
+
+    `config` (a TransformerXLConfig) fixes everything; otherwise the structure is read
+    from the shapes and `overrides` set the rest (tgt_len, mem_len, clamp_len,
+    same_length...). The TF code's quirks are selected unless overridden.
+    """
+    arrays, _ = read_tf_checkpoint(path)
+    if config is None:
+        config = _infer_config(arrays, {**TF_QUIRKS, **overrides})
+    model = TransformerXLLM(config)
+    model.build((None, config.tgt_len))
+    _assign(model, arrays, f"TF checkpoint {path}")
+    return model
+
+
+# -- PyTorch state dicts ---------------------------------------------------------------------------
+
+
+def _numpy(value):
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def pytorch_to_canonical(state_dict):
+    """Rename (and transpose) a PyTorch MemTransformerLM / HF `transfo-xl` state dict."""
+    sd = {k[len("transformer."):] if k.startswith("transformer.") else k: _numpy(v)
+          for k, v in state_dict.items()}
+    out = {}
+    emb_layers = sorted(int(m.group(1)) for k in sd if (m := re.match(r"word_emb\.emb_layers\.(\d+)\.weight$", k)))
+    div1 = len(emb_layers) == 1 and not any(k.startswith("crit.out_layers.1") for k in sd)
+    for i in emb_layers:
+        prefix = "adaptive_embed/" if div1 else f"adaptive_embed/cutoff_{i}/"
+        out[prefix + "lookup_table"] = sd.pop(f"word_emb.emb_layers.{i}.weight")
+        if f"word_emb.emb_projs.{i}" in sd:
+            out[prefix + "proj_W"] = sd.pop(f"word_emb.emb_projs.{i}").T
+    sd.pop("pos_emb.inv_freq", None)
+    layers = sorted({int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))})
+    per_layer_bias = f"layers.{layers[0]}.dec_attn.r_w_bias" in sd if layers else False
+    if per_layer_bias:  # HF untie_r: one pair per layer
+        out["r_w_bias"] = np.stack([sd.pop(f"layers.{l}.dec_attn.r_w_bias") for l in layers])
+        out["r_r_bias"] = np.stack([sd.pop(f"layers.{l}.dec_attn.r_r_bias") for l in layers])
+    else:
+        out["r_w_bias"], out["r_r_bias"] = sd.pop("r_w_bias"), sd.pop("r_r_bias")
+    names = {
+        "dec_attn.qkv_net.weight": "rel_attn/qkv/kernel", "dec_attn.r_net.weight": "rel_attn/r/kernel",
+        "dec_attn.o_net.weight": "rel_attn/o/kernel", "dec_attn.layer_norm.weight": "rel_attn/LayerNorm/gamma",
+        "dec_attn.layer_norm.bias": "rel_attn/LayerNorm/beta", "pos_ff.CoreNet.0.weight": "ff/layer_1/kernel",
+        "pos_ff.CoreNet.0.bias": "ff/layer_1/bias", "pos_ff.CoreNet.3.weight": "ff/layer_2/kernel",
+        "pos_ff.CoreNet.3.bias": "ff/layer_2/bias", "pos_ff.layer_norm.weight": "ff/LayerNorm/gamma",
+        "pos_ff.layer_norm.bias": "ff/LayerNorm/beta",
+    }
+    for l in layers:
+        for source, target in names.items():
+            value = sd.pop(f"layers.{l}.{source}")
+            linear = source.endswith("net.weight") or (source.startswith("pos_ff.CoreNet") and source.endswith(".weight"))
+            out[f"layer_{l}/{target}"] = value.T if linear else value  # PyTorch Linear is [out, in]
+    clusters = sorted(int(m.group(1)) for k in sd if (m := re.match(r"crit\.out_layers\.(\d+)\.bias$", k)))
+    if len(clusters) == 1:  # one output layer: a plain softmax, or div_val 1 (split later)
+        out["adaptive_softmax/bias"] = sd.pop("crit.out_layers.0.bias")
+    else:
+        for i in clusters:
+            out[f"adaptive_softmax/cutoff_{i}/b"] = sd.pop(f"crit.out_layers.{i}.bias")
+    if "crit.cluster_weight" in sd:
+        out["adaptive_softmax/cutoff_0/cluster_W"] = sd.pop("crit.cluster_weight")
+        out["adaptive_softmax/cutoff_0/cluster_b"] = sd.pop("crit.cluster_bias")
+    for k in [k for k in sd if re.match(r"crit\.out_layers\.\d+\.weight$", k)]:
+        sd.pop(k)  # tied to the embedding tables
+    for k in [k for k in sd if re.match(r"crit\.out_projs\.\d+$", k)]:
+        i = int(k.rsplit(".", 1)[1])
+        value = sd.pop(k)
+        emb = out.get("adaptive_embed/proj_W" if div1 else f"adaptive_embed/cutoff_{i}/proj_W")
+        if emb is None or not np.array_equal(value.T, emb):
+            out[f"adaptive_softmax/cutoff_{i}/proj"] = value.T
+    return out, sd
+
+
+def from_pytorch_state_dict(state_dict, config, strict=True):
+    """A TransformerXLLM holding a PyTorch state dict (original or HF `transfo-xl` names).
+
+    `config` gives the structure and the quirks: the original PyTorch code is
+    `cluster_order="pytorch"`, `same_length_convention="pytorch"`, empty initial memory;
+    HF's port is `cluster_order="tf"` with zero initial memory (see PT_QUIRKS,
+    HF_QUIRKS). Keys left over are an error with `strict`.
+    """
+    arrays, left = pytorch_to_canonical(state_dict)
+    if left and strict:
+        raise ConversionError(f"State dict keys not converted: {sorted(left)[:20]}")
+    if config.cutoffs and "adaptive_softmax/bias" in arrays:  # div_val 1: split per cluster
+        bias = arrays.pop("adaptive_softmax/bias")
+        bounds = [0] + config.cutoffs + [config.n_token]
+        for i in range(len(bounds) - 1):
+            arrays[f"adaptive_softmax/cutoff_{i}/b"] = bias[bounds[i]:bounds[i + 1]]
+    model = TransformerXLLM(config)
+    model.build((None, config.tgt_len))
+    _assign(model, arrays, "PyTorch state dict")
+    return model
+
+
+# -- the cache.pkl vocabulary, without running pickled code ------------------------------------------
+
+
+class _Plain:
+    """Stand-in for every class a cache.pkl names: it only records data."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.state, self.items = args, {}, {}
+
+    def __setstate__(self, state):
+        self.state = state if isinstance(state, dict) else {"state": state}
+
+    def __setitem__(self, key, value):
+        self.items[key] = value
+
+    def append(self, value):
+        self.items[len(self.items)] = value
+
+    def extend(self, values):
+        for value in values:
+            self.append(value)
+
+
+_ALLOWED = {
+    ("vocabulary", "Vocab"), ("utils.vocabulary", "Vocab"), ("data_utils", "Corpus"),
+    ("collections", "Counter"), ("collections", "OrderedDict"), ("collections", "defaultdict"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("copy_reg", "_reconstructor"), ("copyreg", "_reconstructor"),
+    ("__builtin__", "object"), ("builtins", "object"), ("_codecs", "encode"),
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _ALLOWED or name in ("Vocab", "Corpus"):
+            return _Plain
+        raise pickle.UnpicklingError(
+            f"cache.pkl refers to {module}.{name}, which a vocabulary never needs; refusing to load it."
+        )
+
+
+def load_cache_vocab(path):
+    """The Vocabulary inside an original `cache.pkl` (or HF `vocab.pkl`), read as data only."""
+    from tf_records.vocabulary import Vocabulary
+
+    with open(path, "rb") as f:
+        try:
+            obj = _RestrictedUnpickler(f, encoding="latin1").load()
+        except (pickle.UnpicklingError, EOFError) as e:
+            raise ConversionError(f"Cannot read the vocabulary in {path}: {e}") from None
+    state = obj.state if isinstance(obj, _Plain) else obj
+    dataset = state.get("dataset")
+    vocab = state.get("vocab", obj)
+    vstate = vocab.state if isinstance(vocab, _Plain) else vocab
+    symbols = vstate.get("idx2sym")
+    if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
+        raise ConversionError(f"{path} holds no idx2sym list of symbols.")
+    unk = symbols[vstate["unk_idx"]] if isinstance(vstate.get("unk_idx"), int) else None
+    if dataset == "enwik8":
+        return Vocabulary(symbols, level="byte", lower_case=True), dataset
+    if dataset == "text8":
+        return Vocabulary(symbols, level="char", lower_case=True), dataset
+    return Vocabulary(symbols, lower_case=bool(vstate.get("lower_case", False)),
+                      add_eos=dataset != "lm1b", add_double_eos=dataset == "lm1b", unk_symbol=unk), dataset
+
+
+# -- command line ---------------------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The command line flags (defined only when run as a program)."""
+    flags.DEFINE_string("tf_checkpoint", None, "Original TF checkpoint prefix (model.ckpt-0).")
+    flags.DEFINE_string("pytorch_state_dict", None, "A torch.save'd state dict (needs torch).")
+    flags.DEFINE_string("config_json", None, "TransformerXLConfig JSON (required for PyTorch).")
+    flags.DEFINE_string("cache_pkl", None, "The original cache.pkl, to save its vocabulary.")
+    flags.DEFINE_string("output", None, "Folder to write config.json, vocab.json and a checkpoint.")
+    flags.DEFINE_integer("tgt_len", 128, "Segment length to evaluate with.")
+    flags.DEFINE_integer("mem_len", 1600, "Memory length to evaluate with.")
+    flags.DEFINE_integer("clamp_len", 1000, "clamp_len to evaluate with.")
+    flags.DEFINE_bool("same_length", True, "same_length to evaluate with.")
+
+
+def main(argv):
+    del argv
+    from txl_keras.atomic_files import atomic_write_text
+    from txl_keras.training.checkpoints import save_checkpoint
+
+    if not FLAGS.output or not (FLAGS.tf_checkpoint or FLAGS.pytorch_state_dict):
+        raise app.UsageError("--output and one of --tf_checkpoint / --pytorch_state_dict are required.")
+    memory = dict(tgt_len=FLAGS.tgt_len, mem_len=FLAGS.mem_len, clamp_len=FLAGS.clamp_len,
+                  same_length=FLAGS.same_length)
+    if FLAGS.tf_checkpoint:
+        model = from_tf_checkpoint(FLAGS.tf_checkpoint, **memory)
+    else:
+        import torch
+
+        if not FLAGS.config_json:
+            raise app.UsageError("--config_json is required with --pytorch_state_dict.")
+        config = TransformerXLConfig.from_json(open(FLAGS.config_json).read()).replace(**memory)
+        model = from_pytorch_state_dict(torch.load(FLAGS.pytorch_state_dict, map_location="cpu",
+                                                   weights_only=True), config)
+    os.makedirs(FLAGS.output, exist_ok=True)
+    atomic_write_text(os.path.join(FLAGS.output, "config.json"), model.config.to_json())
+    if FLAGS.cache_pkl:
+        vocab, dataset = load_cache_vocab(FLAGS.cache_pkl)
+        vocab.save(os.path.join(FLAGS.output, "vocab.json"))
+        info = {"dataset": dataset, "vocab_size": len(vocab),
+                "cutoffs": [0] + model.config.cutoffs + [model.config.n_token]}
+        atomic_write_text(os.path.join(FLAGS.output, "corpus-info.json"), json.dumps(info, indent=2))
+    save_checkpoint(FLAGS.output, 0, model, {"step": np.array(0)})
+    print(f"wrote {FLAGS.output} ({model.count_params():,} parameters)")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
