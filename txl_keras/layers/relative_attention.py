@@ -140,23 +140,25 @@ class RelativeAttention(keras.layers.Layer):
         k, v = ops.split(ops.matmul(context, kv_kernel), 2, axis=-1)
         k, v = self._heads(k), self._heads(v)
 
+        # The 1/sqrt(head_dim) scale is applied to the queries (cheaper than to the scores).
+        scale = ops.cast(1.0 / self.head_dim**0.5, q.dtype)
         content_q = q if content_bias is None else q + ops.cast(content_bias, q.dtype)
-        scores = ops.einsum("bihd,bjhd->bhij", content_q, k)
+        scores = ops.einsum("bihd,bjhd->bhij", content_q * scale, k)
         if position_encoding is not None:
             r = ops.cast(position_encoding, self.compute_dtype)
             if self.position_projection:
                 r = ops.matmul(r, self.r_kernel)
             r = ops.reshape(r, (-1, self.num_heads, self.head_dim))
             position_q = q if position_bias is None else q + ops.cast(position_bias, q.dtype)
-            position_scores = ops.einsum("bihd,jhd->bhij", position_q, r)
+            position_scores = ops.einsum("bihd,jhd->bhij", position_q * scale, r)
             if position_score_bias is not None:
                 bias = ops.transpose(ops.cast(position_score_bias, position_scores.dtype))
-                position_scores = position_scores + bias[None, :, None, :]
+                position_scores = position_scores + scale * bias[None, :, None, :]
             scores = scores + relative_shift(position_scores)
 
-        scores = ops.cast(scores, "float32") * (1.0 / self.head_dim**0.5)
-        if attention_mask is not None:
-            scores = ops.where(attention_mask[None, None], scores, MASK_VALUE)
+        scores = ops.cast(scores, "float32")
+        if attention_mask is not None:  # an additive bias: its gradient is free
+            scores = scores + ops.where(attention_mask, 0.0, MASK_VALUE)[None, None]
         probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         probs = self.probs_dropout(probs, training=training)
 

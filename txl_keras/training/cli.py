@@ -11,6 +11,7 @@ import sys
 
 from absl import flags
 
+from tf_records.records import record_info_path
 from tf_records.build import VOCAB_FILE, build_records, default_records_dir, load_corpus_info
 from txl_keras.atomic_files import atomic_write_text
 from txl_keras.models.config import PRESETS, TransformerXLConfig
@@ -62,7 +63,8 @@ flags.DEFINE_integer("eval_clamp_len", None, "Evaluation clamp_len (default clam
 flags.DEFINE_bool("eval_same_length", None, "Evaluation same_length (default same_length).")
 flags.DEFINE_integer("max_eval_batch", 200, "Evaluate at most this many batches (-1: the whole split).")
 # Model: a preset, then the original flags override it.
-flags.DEFINE_enum("config", "cpu_small", sorted(PRESETS), "Model preset.")
+flags.DEFINE_string("config", "cpu_small", f"Model preset ({', '.join(sorted(PRESETS))}) or the path of a "
+                    "config.json (e.g. one written by python -m txl_keras.convert).")
 for _name, _kind in [
     ("n_layer", "integer"), ("d_model", "integer"), ("d_embed", "integer"), ("n_head", "integer"),
     ("d_head", "integer"), ("d_inner", "integer"), ("dropout", "float"), ("dropatt", "float"),
@@ -77,8 +79,20 @@ MODEL_FLAGS = [n for n in TransformerXLConfig.__dataclass_fields__ if n in FLAGS
 
 
 def model_config(corpus_info):
+    """The preset (or config.json) with the flags' overrides; a preset takes its
+    vocabulary size and cutoffs from the corpus, a config.json must agree with it."""
     overrides = {n: FLAGS[n].value for n in MODEL_FLAGS if FLAGS[n].value is not None}
     cutoffs = corpus_info["cutoffs"][1:-1]
+    if FLAGS.config.endswith(".json"):
+        with open(FLAGS.config) as f:
+            config = TransformerXLConfig.from_json(f.read()).replace(**overrides)
+        if (config.n_token, config.cutoffs) != (corpus_info["vocab_size"], cutoffs):
+            raise ValueError(
+                f"{FLAGS.config} has n_token={config.n_token}, cutoffs={config.cutoffs} but the records "
+                f"have a vocabulary of {corpus_info['vocab_size']} with cutoffs {cutoffs}; build the "
+                "records with the model's vocabulary."
+            )
+        return config
     return TransformerXLConfig.from_preset(
         FLAGS.config, n_token=corpus_info["vocab_size"], cutoffs=cutoffs, **overrides)
 
@@ -91,12 +105,16 @@ def train_config(data_dir):
 def prepare_data(num_core_per_host, log):
     """The records folder; builds the default corpus's records there if they are missing."""
     data_dir = FLAGS.data_dir or default_records_dir(FLAGS.dataset)
-    preset = PRESETS[FLAGS.config]
+    if FLAGS.config.endswith(".json"):
+        with open(FLAGS.config) as f:
+            preset = json.load(f)
+    elif FLAGS.config in PRESETS:
+        preset = PRESETS[FLAGS.config]
+    else:
+        raise ValueError(f"--config={FLAGS.config!r} is neither a preset ({sorted(PRESETS)}) nor a .json file.")
     tgt_len = FLAGS.tgt_len or preset["tgt_len"]
     eval_tgt_len = FLAGS.eval_tgt_len or tgt_len
     needed = [("train", FLAGS.train_batch_size, tgt_len), (FLAGS.eval_split, FLAGS.eval_batch_size, eval_tgt_len)]
-    from tf_records.records import record_info_path
-
     missing = [s for s, b, t in needed if not os.path.exists(record_info_path(data_dir, s, b, t, FLAGS.num_hosts))]
     if missing and FLAGS.data_dir is None:
         log(f"building the {FLAGS.dataset} records in {data_dir} (no download)")
