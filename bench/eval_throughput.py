@@ -1,0 +1,147 @@
+"""Evaluation throughput with long memory, txl_keras vs the Hugging Face PyTorch port,
+and the paper's evaluation-speed experiment at small scale.
+
+    python bench/eval_throughput.py --hf_python=/path/to/python-with-torch-and-transformers
+
+1. Long-memory evaluation (tgt_len 64, mem_len 320, clamp_len 400, same_length), char-small
+   model, batch 16: tokens/s of both, side by side, alternating, fresh processes.
+2. Transformer-XL evaluation (segments of 64 against a memory of L) vs vanilla
+   sliding-window evaluation (mem_len 0, a window of L recomputed for each predicted
+   token), at attention lengths L = 128, 320, 640: per-token speed-up, next to the
+   paper's 363x at 800 and 1,874x at 3,800 (one GPU).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import CONFIGS, emit, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
+
+EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=6)
+
+
+def txl_model(c):
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    from txl_keras import TransformerXLConfig, TransformerXLLM
+
+    config = TransformerXLConfig(**{k: v for k, v in c.items() if k != "batch"}, dropout=0.0)
+    model = TransformerXLLM(config)
+    model.build((None, c["tgt_len"]))
+    return tf, model
+
+
+def txl_eval_worker(c, e):
+    tf, model = txl_model(c)
+    overrides = dict(mem_len=e["mem_len"], clamp_len=e["clamp_len"], same_length=e["same_length"])
+    step = tf.function(lambda x, y, mems, valid: model(x, targets=y, mems=mems, memory_valid=valid, **overrides))
+    ids = random_ids(e["batch"] * e["tgt_len"] * (e["segments"] + 3) + e["batch"], c["n_token"]).reshape(e["batch"], -1)
+    mems = [tf.zeros((e["batch"], e["mem_len"], c["d_model"]))] * c["n_layer"]
+    valid = tf.constant(0)
+    times = []
+    for i in range(e["segments"] + 2):
+        x, y = ids[:, i * 64:(i + 1) * 64], ids[:, i * 64 + 1:(i + 1) * 64 + 1]
+        start = time.perf_counter()
+        out = step(x, y, mems, valid)
+        out["nll"].numpy()
+        times.append(time.perf_counter() - start)
+        mems, valid = out["mems"], out["memory_valid"]
+    return {"tokens_per_s": e["batch"] * e["tgt_len"] * e["segments"] / sum(times[2:]), "peak_rss_mb": peak_rss_mb()}
+
+
+def hf_eval_worker(c, e):
+    import torch
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+    torch.set_num_threads(2)
+    config = TransfoXLConfig(vocab_size=c["n_token"], cutoffs=[], d_model=c["d_model"], d_embed=c["d_model"],
+                             n_head=c["n_head"], d_head=c["d_head"], d_inner=c["d_inner"], n_layer=c["n_layer"],
+                             mem_len=e["mem_len"], clamp_len=e["clamp_len"], same_length=e["same_length"],
+                             dropout=0.0, dropatt=0.0, adaptive=False, untie_r=False)
+    model = TransfoXLLMHeadModel(config).eval()
+    ids = torch.from_numpy(random_ids(e["batch"] * e["tgt_len"] * (e["segments"] + 3) + e["batch"],
+                                      c["n_token"]).astype("int64")).view(e["batch"], -1)
+    mems, times = None, []
+    with torch.no_grad():
+        for i in range(e["segments"] + 2):
+            x = ids[:, i * 64:(i + 1) * 64]
+            start = time.perf_counter()
+            out = model(input_ids=x, labels=x, mems=mems)
+            mems = out.mems
+            times.append(time.perf_counter() - start)
+    return {"tokens_per_s": e["batch"] * e["tgt_len"] * e["segments"] / sum(times[2:]), "peak_rss_mb": peak_rss_mb()}
+
+
+def speedup_worker(c, length, batch=16):
+    """Seconds per predicted token: Transformer-XL with memory `length` vs vanilla windows."""
+    tf, model = txl_model(c)
+    ids = random_ids(batch * (length + 64 * 4 + 1), c["n_token"]).reshape(batch, -1)
+    xl = tf.function(lambda x, mems, valid: model(x, mems=mems, memory_valid=valid, mem_len=length,
+                                                  same_length=True, return_log_probs=True))
+    mems = [tf.zeros((batch, length, c["d_model"]))] * c["n_layer"]
+    valid = tf.constant(length)
+    times = []
+    for i in range(4):
+        start = time.perf_counter()
+        out = xl(ids[:, i * 64:(i + 1) * 64], mems, valid)
+        out["log_probs"].numpy()
+        times.append(time.perf_counter() - start)
+        mems, valid = out["mems"], out["memory_valid"]
+    xl_per_token = sum(times[1:]) / (3 * 64 * batch)
+    vanilla = tf.function(lambda x: model(x, mem_len=0, return_log_probs=True)["log_probs"][:, -1])
+    times = []
+    for i in range(4):  # each call predicts one token per row from a full window
+        start = time.perf_counter()
+        vanilla(ids[:, i:i + length]).numpy()
+        times.append(time.perf_counter() - start)
+    vanilla_per_token = sum(times[1:]) / (3 * batch)
+    return {"xl_s_per_token": xl_per_token, "vanilla_s_per_token": vanilla_per_token}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impl", choices=["txl_keras", "hf", "speedup"], help="run one worker (internal)")
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--hf_python", default=None)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lengths", default="128,320,640")
+    args = parser.parse_args()
+    c = {**CONFIGS["char_small"], "tgt_len": 64}
+    if args.impl == "txl_keras":
+        return emit(txl_eval_worker(c, EVAL))
+    if args.impl == "hf":
+        return emit(hf_eval_worker(c, EVAL))
+    if args.impl == "speedup":
+        return emit(speedup_worker(c, args.length))
+    print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
+    results = {"txl_keras": [], "hf": []}
+    for _ in range(args.rounds):
+        results["txl_keras"].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"]))
+        if args.hf_python:
+            results["hf"].append(run_worker(args.hf_python, __file__, ["--impl", "hf"]))
+    flops = model_flops_per_token(c, training=False, mem_len=EVAL["mem_len"], tgt_len=EVAL["tgt_len"])
+    print(f"1. long-memory evaluation {EVAL}, char-small model, {flops / 1e6:.1f} MFLOP per token")
+    best = {}
+    for impl, runs in results.items():
+        if runs:
+            best[impl] = max(r["tokens_per_s"] for r in runs)
+            rates = " / ".join(f"{r['tokens_per_s']:,.0f}" for r in runs)
+            print(f"{impl:>10}: tokens/s {rates}, "
+                  f"peak RSS {max(r['peak_rss_mb'] for r in runs):,.0f} MB")
+    if "hf" in best:
+        print(f"ratio txl_keras / hf: {best['txl_keras'] / best['hf']:.2f}x")
+    print("2. evaluation speed, Transformer-XL vs vanilla sliding window (per predicted token)")
+    for length in [int(x) for x in args.lengths.split(",")]:
+        r = run_worker(sys.executable, __file__, ["--impl", "speedup", "--length", str(length)])
+        print(f"attention length {length:>4}: Transformer-XL {r['xl_s_per_token'] * 1e3:.3f} ms, vanilla "
+              f"{r['vanilla_s_per_token'] * 1e3:.1f} ms -> {r['vanilla_s_per_token'] / r['xl_s_per_token']:,.0f}x "
+              "(paper: 363x at 800, 1,874x at 3,800)")
+
+
+if __name__ == "__main__":
+    main()
