@@ -27,7 +27,7 @@ def relative_shift(scores):
     query_length, key_length = shape[-2], shape[-1]
     pad = [[0, 0]] * (len(lead)) + [[0, 0], [1, 0]]
     padded = ops.pad(scores, pad)
-    flat = ops.reshape(padded, lead + [-1])
+    flat = ops.reshape(padded, lead + [(key_length + 1) * query_length])
     # Dropping the first row of the (K + 1, T) view is dropping the first T entries.
     # With static sizes a split does it: its gradient is a concat, where a slice's
     # gradient builds and pads a full zero tensor (about a quarter of a training step).

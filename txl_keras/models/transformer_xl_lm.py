@@ -134,8 +134,8 @@ class TransformerXLLM(keras.Model):
         return loss
 
     def generate(self, prompt, max_new_tokens, **kwargs):
-        """Continue token ids; see `txl_keras.generation.generate` (TensorFlow backend)."""
-        from txl_keras.generation import generate
+        """Continue token ids; see `txl_keras.generate.generate` (TensorFlow backend)."""
+        from txl_keras.generate import generate
 
         return generate(self, prompt, max_new_tokens, **kwargs)
 
