@@ -33,6 +33,8 @@ flags.DEFINE_bool("lower_case", False, "Lower-case text/tfds corpora.")
 flags.DEFINE_integer("min_freq", 1, "Word level: rarer words become <unk>.")
 flags.DEFINE_integer("max_bytes", None, "text/stdlib: read at most this many characters.")
 flags.DEFINE_string("tfds_data_dir", None, "tfds:NAME: where the dataset is prepared.")
+flags.DEFINE_string("vocab", None, "Encode with this vocab.json (e.g. of converted pretrained weights) "
+                    "instead of counting one (enwik8, text8, wt103, wt2, ptb, lm1b).")
 
 
 def main(argv):
@@ -51,6 +53,10 @@ def main(argv):
         options.update(tfds_data_dir=FLAGS.tfds_data_dir, download=FLAGS.download)
     if FLAGS.dataset == "lm1b":
         options["num_shuffle"] = FLAGS.num_shuffle
+    if FLAGS.vocab:
+        from tf_records.vocabulary import Vocabulary
+
+        options["vocab"] = Vocabulary.load(FLAGS.vocab)
     build_records(
         FLAGS.dataset,
         records_dir=FLAGS.records_dir,

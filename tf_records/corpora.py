@@ -46,11 +46,8 @@ class Corpus:
 
     def info(self):
         """The original `corpus-info.json` content."""
-        return {
-            "dataset": self.name,
-            "vocab_size": len(self.vocab),
-            "cutoffs": [0] + self.cutoffs + [len(self.vocab)],
-        }
+        inner = [c for c in self.cutoffs if c < len(self.vocab)]
+        return {"dataset": self.name, "vocab_size": len(self.vocab), "cutoffs": [0] + inner + [len(self.vocab)]}
 
 
 def _need(data_dir, names, dataset, hint):
@@ -104,21 +101,21 @@ def _three_way(data, n_test):
     return {"train": data[: -2 * n_test], "valid": data[-2 * n_test: -n_test], "test": data[-n_test:]}
 
 
-def enwik8(data_dir, test_chars=ENWIK8_TEST_CHARS, **_):
+def enwik8(data_dir, test_chars=ENWIK8_TEST_CHARS, vocab=None, **_):
     """Bytes of `enwik8` (or `enwik8.zip`), split 90M/5M/5M; newline bytes dropped."""
     parts = _three_way(_read_maybe_zipped(data_dir, "enwik8", "enwik8"), test_chars)
-    vocab = Vocabulary.from_counts(
+    vocab = vocab or Vocabulary.from_counts(
         Vocabulary.count_bytes(parts[s] for s in SPLITS), level="byte", lower_case=True
     )
     return Corpus("enwik8", vocab, {s: (lambda s=s: _nonempty(vocab.encode_bytes(parts[s]), "enwik8", s))
                                     for s in SPLITS})
 
 
-def text8(data_dir, test_chars=ENWIK8_TEST_CHARS, **_):
+def text8(data_dir, test_chars=ENWIK8_TEST_CHARS, vocab=None, **_):
     """Characters of `text8` (or `text8.zip`), split 90M/5M/5M, spaces written `_`."""
     raw = _read_maybe_zipped(data_dir, "text8", "text8").decode("utf-8")
     parts = {s: p.strip().replace(" ", "_") for s, p in _three_way(raw, test_chars).items()}
-    vocab = Vocabulary.from_counts(
+    vocab = vocab or Vocabulary.from_counts(
         Vocabulary.count_chars(parts[s] for s in SPLITS), level="char", lower_case=True
     )
     return Corpus("text8", vocab, {s: (lambda s=s: _nonempty(vocab.encode_chars(parts[s]), "text8", s))
@@ -133,14 +130,15 @@ def _read_lines(path):
         return f.read().splitlines()
 
 
-def _word_corpus(name, data_dir, pattern, lower_case, count_splits):
+def _word_corpus(name, data_dir, pattern, lower_case, count_splits, vocab=None):
     paths = {s: _need(data_dir, [pattern.format(s)], name, _download_hint(name)) for s in SPLITS}
-    counter = None
-    for s in count_splits:
-        counter = Vocabulary.count_lines(_read_lines(paths[s]), counter, lower_case=lower_case)
-    vocab = Vocabulary.from_counts(counter, special=["<eos>"], lower_case=lower_case, add_eos=True)
-    if "<unk>" in vocab.index:
-        vocab = Vocabulary(vocab.symbols, lower_case=lower_case, add_eos=True, unk_symbol="<unk>")
+    if vocab is None:
+        counter = None
+        for s in count_splits:
+            counter = Vocabulary.count_lines(_read_lines(paths[s]), counter, lower_case=lower_case)
+        vocab = Vocabulary.from_counts(counter, special=["<eos>"], lower_case=lower_case, add_eos=True)
+        if "<unk>" in vocab.index:
+            vocab = Vocabulary(vocab.symbols, lower_case=lower_case, add_eos=True, unk_symbol="<unk>")
     return Corpus(
         name,
         vocab,
@@ -149,29 +147,29 @@ def _word_corpus(name, data_dir, pattern, lower_case, count_splits):
     )
 
 
-def wt103(data_dir, **_):
+def wt103(data_dir, vocab=None, **_):
     """WikiText-103 `wiki.{split}.tokens`: words, `<eos>` after every line, vocab from train."""
-    return _word_corpus("wt103", data_dir, "wiki.{}.tokens", False, ["train"])
+    return _word_corpus("wt103", data_dir, "wiki.{}.tokens", False, ["train"], vocab)
 
 
-def wt2(data_dir, **_):
+def wt2(data_dir, vocab=None, **_):
     """WikiText-2, as WikiText-103."""
-    return _word_corpus("wt2", data_dir, "wiki.{}.tokens", False, ["train"])
+    return _word_corpus("wt2", data_dir, "wiki.{}.tokens", False, ["train"], vocab)
 
 
-def ptb(data_dir, **_):
+def ptb(data_dir, vocab=None, **_):
     """Penn Treebank `ptb.{split}.txt`: lower-cased words with `<eos>`, vocab from all splits."""
-    return _word_corpus("ptb", data_dir, "ptb.{}.txt", True, SPLITS)
+    return _word_corpus("ptb", data_dir, "ptb.{}.txt", True, SPLITS, vocab)
 
 
-def lm1b(data_dir, num_shuffle=4, **_):
+def lm1b(data_dir, num_shuffle=4, vocab=None, **_):
     """One Billion Word: the fixed vocabulary file, `<S>`-wrapped sentences, the training
     shards shuffled `num_shuffle` times each (seed 123456, as the original), the heldout
     file for both valid and test."""
     vocab_path = _need(data_dir, ["1b_word_vocab.txt"], "lm1b", _download_hint("lm1b"))
     with open(vocab_path, encoding="utf-8") as f:
         symbols = [line.split()[0] for line in f if line.strip()]
-    vocab = Vocabulary(symbols, add_double_eos=True, unk_symbol="<UNK>" if "<UNK>" in symbols else None)
+    vocab = vocab or Vocabulary(symbols, add_double_eos=True, unk_symbol="<UNK>" if "<UNK>" in symbols else None)
     train_glob = os.path.join(data_dir, "training-monolingual.tokenized.shuffled", "news.en-*")
     shards = sorted(glob.glob(train_glob))
     heldout = _need(
@@ -356,7 +354,11 @@ LOADERS = {
 
 
 def load_corpus(dataset, data_dir=None, **options):
-    """The `Corpus` of a dataset name (see the module docstring)."""
+    """The `Corpus` of a dataset name (see the module docstring).
+
+    `vocab=` (a Vocabulary) encodes the paper's corpora with an existing vocabulary, such
+    as the one of converted pretrained weights, instead of counting a new one.
+    """
     if dataset.startswith("tfds:"):
         return tfds_text(dataset[len("tfds:"):], data_dir=options.pop("tfds_data_dir", None), **options)
     if dataset not in LOADERS:

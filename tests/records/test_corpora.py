@@ -143,3 +143,15 @@ def test_download_reports_an_unreachable_network(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="network is not reachable.*copy it to"):
         download.download("enwik8", str(tmp_path), timeout=5, log=lambda *_: None)
     assert not os.listdir(tmp_path)  # nothing half-written left behind
+
+
+def test_an_existing_vocabulary_encodes_the_corpus(tmp_path):
+    from tf_records import Vocabulary
+
+    write(str(tmp_path / "wiki.train.tokens"), " the cat \n")
+    write(str(tmp_path / "wiki.valid.tokens"), " the dog \n")
+    write(str(tmp_path / "wiki.test.tokens"), " cat \n")
+    given = Vocabulary(["<eos>", "<unk>", "cat", "the"], add_eos=True, unk_symbol="<unk>")
+    corpus = load_corpus("wt103", data_dir=str(tmp_path), vocab=given)
+    np.testing.assert_array_equal(corpus.split_ids["valid"](), [3, 1, 0])
+    assert corpus.vocab is given

@@ -80,17 +80,17 @@ MODEL_FLAGS = [n for n in TransformerXLConfig.__dataclass_fields__ if n in FLAGS
 
 def model_config(corpus_info):
     """The preset (or config.json) with the flags' overrides; a preset takes its
-    vocabulary size and cutoffs from the corpus, a config.json must agree with it."""
+    vocabulary size and cutoffs from the corpus, a config.json must have its size."""
     overrides = {n: FLAGS[n].value for n in MODEL_FLAGS if FLAGS[n].value is not None}
     cutoffs = corpus_info["cutoffs"][1:-1]
     if FLAGS.config.endswith(".json"):
         with open(FLAGS.config) as f:
             config = TransformerXLConfig.from_json(f.read()).replace(**overrides)
-        if (config.n_token, config.cutoffs) != (corpus_info["vocab_size"], cutoffs):
+        if config.n_token != corpus_info["vocab_size"]:
             raise ValueError(
-                f"{FLAGS.config} has n_token={config.n_token}, cutoffs={config.cutoffs} but the records "
-                f"have a vocabulary of {corpus_info['vocab_size']} with cutoffs {cutoffs}; build the "
-                "records with the model's vocabulary."
+                f"{FLAGS.config} has n_token={config.n_token} but the records have a vocabulary of "
+                f"{corpus_info['vocab_size']}; build the records with the model's vocabulary "
+                "(python -m tf_records --vocab=...)."
             )
         return config
     return TransformerXLConfig.from_preset(
@@ -152,7 +152,7 @@ def run(strategy, num_hosts=1, is_chief=True, log=print):
             log(str(e))
             sys.exit(2)
     elif FLAGS.eval_ckpt_path:
-        trainer.restore(FLAGS.eval_ckpt_path)
+        trainer.load_weights(FLAGS.eval_ckpt_path)
     else:
         trainer.restore_or_warm_start()
     if FLAGS.do_eval:
@@ -172,7 +172,7 @@ def evaluate_checkpoints(trainer, log):
         raise FileNotFoundError(f"No checkpoint at or after step {FLAGS.start_eval_steps} in {FLAGS.model_dir}.")
     results = {}
     for step, path in found:
-        trainer.restore(path)
+        trainer.load_weights(path)
         results[step] = trainer.evaluate(progress=False)
     best = min(results, key=lambda s: results[s]["loss"])
     log(f"best checkpoint: step {best}, loss {results[best]['loss']:.4f}, ppl {results[best]['ppl']:.3f}, "

@@ -281,6 +281,11 @@ class Trainer:
                 lambda ctx, values=values: tf.constant(values[ctx.replica_id_in_sync_group]))
             self.strategy.run(lambda x, v=v: v.assign(x), args=(per_replica,))
 
+    def load_weights(self, path):
+        """Only the model weights of a checkpoint folder or a .weights.h5 (evaluation, or
+        a converted model whose checkpoint has no training state)."""
+        self.model.load_weights(checkpoints.weights_path(path))
+
     def restore_or_warm_start(self):
         """Resume from the latest checkpoint of this worker, else warm-start if asked."""
         self._started = True
@@ -289,7 +294,7 @@ class Trainer:
             self.restore(path)
             self.log(f"resumed from {path} (step {step})")
         elif self.tc.warm_start_path:
-            self.model.load_weights(checkpoints.weights_path(self.tc.warm_start_path))
+            self.load_weights(self.tc.warm_start_path)
             self.log(f"warm start from {self.tc.warm_start_path}")
 
     # -- evaluation ------------------------------------------------------------------------
