@@ -157,7 +157,8 @@ def test_wrong_config_and_missing_files_are_explained(tmp_path):
         from_tf_checkpoint(str(tmp_path / "nothing.ckpt"))
 
 
-def test_pytorch_state_dict_in_original_order(tmp_path):
+@pytest.mark.parametrize("naming", ["original", "huggingface"])
+def test_pytorch_state_dict(tmp_path, naming):
     n_token, cutoffs = 30, [6, 14]
     rng = np.random.default_rng(1)
     arrays, softmax_projs = tf_arrays(rng, n_token, cutoffs, 2, D, False, True, True)
@@ -185,11 +186,24 @@ def test_pytorch_state_dict_in_original_order(tmp_path):
         sd[f"layers.{l}.pos_ff.layer_norm.weight"] = t(p + "ff/LayerNorm/gamma")
         sd[f"layers.{l}.pos_ff.layer_norm.bias"] = t(p + "ff/LayerNorm/beta")
     from txl_keras import TransformerXLConfig
+    from txl_keras.convert import HF_QUIRKS
 
+    quirks = PT_QUIRKS
+    if naming == "huggingface":  # backbone under transformer., one bias pair per layer (untie_r)
+        quirks = {**HF_QUIRKS, "mem_init": "empty"}
+        sd = {(k if k.startswith("crit.") else "transformer." + k): v for k, v in sd.items()}
+        for bias in ("r_w_bias", "r_r_bias"):
+            shared = sd.pop("transformer." + bias)
+            for l in range(L):
+                sd[f"transformer.layers.{l}.dec_attn.{bias}"] = shared
     config = TransformerXLConfig(n_token=n_token, n_layer=L, d_model=D, n_head=H, d_head=DH, d_inner=DI,
                                  cutoffs=cutoffs, div_val=2, proj_share_all_but_first=True, dropout=0.0,
-                                 tgt_len=3, mem_len=4, **PT_QUIRKS)
+                                 tgt_len=3, mem_len=4, untie_r=naming == "huggingface", **quirks)
     model = from_pytorch_state_dict(sd, config)
+    if naming == "huggingface":
+        w_shared = {"r_w_bias": arrays["transformer/r_w_bias"], "r_r_bias": arrays["transformer/r_r_bias"]}
+        arrays["transformer/r_w_bias"] = np.stack([w_shared["r_w_bias"]] * L)
+        arrays["transformer/r_r_bias"] = np.stack([w_shared["r_r_bias"]] * L)
     w = reference_weights(arrays, softmax_projs, n_token, cutoffs, 2)
     x = rng.integers(0, n_token, (2, 3)).astype("int32")
     got = to_np(model(x, return_log_probs=True)["log_probs"])

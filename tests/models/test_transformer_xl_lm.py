@@ -232,3 +232,20 @@ def test_fit_trains_a_stateful_model_with_memory():
     assert losses[-1] < 0.5 * losses[0]
     _, valid = model.backbone.memory.read()
     assert int(to_np(valid)) == cfg.mem_len
+
+
+def test_vanilla_transformer_attn_type_2_matches_numpy():
+    """attn_type 2 with mem_len 0: absolute sinusoids added to the embeddings, plain causal
+    attention, as the original's vanilla Transformer."""
+    cfg = TransformerXLConfig(**{**ADAPTIVE, "attn_type": 2, "mem_len": 0, "cutoffs": [], "div_val": 1,
+                                 "d_embed": 12, "n_head": 2, "d_head": 6})
+    model = build(cfg)
+    x = tokens(cfg, 2, 5)
+    got = to_np(model(x)["hidden"])
+    table = to_np(model.backbone.word_emb.tables[0])
+    h = table[x] * np.sqrt(cfg.d_model) + reference.sinusoid(np.arange(4, -1, -1), cfg.d_model)
+    for block in model.backbone.blocks:
+        h = reference.relative_attention(h, None, attention_weights(block.attention), cfg.n_head,
+                                         cfg.d_head, eps=cfg.layer_norm_epsilon)
+        h = reference.feed_forward(h, feed_forward_weights(block.feed_forward), eps=cfg.layer_norm_epsilon)
+    np.testing.assert_allclose(got, h, atol=2e-4)

@@ -34,14 +34,16 @@ class Adam:
         strategy = self.strategy
         self.iterations.assign_add(1)
         t = tf.cast(self.iterations, tf.float32)
-        alpha = lr * tf.sqrt(1.0 - tf.pow(self.beta_2, t)) / (1.0 - tf.pow(self.beta_1, t))
+        b1_power, b2_power = tf.pow(self.beta_1, t), tf.pow(self.beta_2, t)
         b1, b2, eps = self.beta_1, self.beta_2, self.epsilon
 
         def update(var, grad, m, v):
-            grad = tf.cast(grad, var.dtype)
-            m.assign(b1 * m + (1.0 - b1) * grad)
-            v.assign(b2 * v + (1.0 - b2) * tf.square(grad))
-            return var.assign_sub(tf.cast(alpha, var.dtype) * m / (tf.sqrt(v) + eps))
+            # The fused kernel of TF's Adam: one op per variable instead of ten.
+            dtype = var.dtype
+            return tf.raw_ops.ResourceApplyAdam(
+                var=var.handle, m=m.handle, v=v.handle, beta1_power=tf.cast(b1_power, dtype),
+                beta2_power=tf.cast(b2_power, dtype), lr=tf.cast(lr, dtype), beta1=tf.cast(b1, dtype),
+                beta2=tf.cast(b2, dtype), epsilon=tf.cast(eps, dtype), grad=tf.cast(grad, dtype))
 
         for var, grad, m, v in zip(self.variables, grads, self.m, self.v):
             strategy.extended.update(var, update, args=(grad, m, v), group=False)
