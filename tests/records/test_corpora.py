@@ -45,7 +45,9 @@ def test_wikitext_eos_every_line_vocab_from_train(tmp_path):
     train = corpus.vocab.decode(corpus.split_ids["train"]())
     assert train == "= Title = <eos> <eos> the cat <unk> sat <eos>"
     assert corpus.vocab.decode(corpus.split_ids["valid"]()) == "the <unk> <eos>"  # dog unseen in train
-    assert corpus.info()["cutoffs"] == [0, 20000, 40000, 200000, len(corpus.vocab)]
+    # the original cutoffs, less those beyond this tiny vocabulary
+    assert corpus.cutoffs == [20000, 40000, 200000]
+    assert corpus.info()["cutoffs"] == [0, len(corpus.vocab)]
 
 
 def test_ptb_lower_case_vocab_from_all_splits(tmp_path):
