@@ -10,6 +10,7 @@ import numpy as np
 
 def sinusoid(distances, d_model):
     """`[sin(p f) | cos(p f)]`, `f_k = 1/10000**(2k/d)`, one row per distance."""
+    assert d_model % 2 == 0, "the encoding has sin and cos halves"
     distances = np.asarray(distances, np.float64)
     inv_freq = 1.0 / 10000 ** (np.arange(0, d_model, 2) / d_model)
     angles = distances[:, None] * inv_freq[None]
@@ -140,6 +141,7 @@ def model_forward(w, c, tokens, mems=None, valid=None):
     w: dict of numpy weights (see tests/models/test_transformer_xl_lm.py `numpy_weights`);
     c: the TransformerXLConfig. Memories are the inputs of each layer, last mem_len kept.
     """
+    assert c.attn_type == 0 and c.ext_len == 0, "the reference covers the paper's relative attention"
     h = adaptive_embedding(tokens, w["tables"], w["projs"], c.cutoffs, c.n_token, c.d_model, c.div_val)
     window = None
     if c.same_length:

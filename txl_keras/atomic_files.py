@@ -21,7 +21,7 @@ def atomic_path(path):
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -33,7 +33,7 @@ def atomic_write_text(path, text):
             f.write(text)
 
 
-def _fsync_dir(directory):
+def fsync_dir(directory):
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

@@ -18,7 +18,7 @@ import pickle
 import re
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
 from txl_keras.models.config import TransformerXLConfig
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
@@ -174,7 +174,9 @@ def from_tf_checkpoint(path, config=None, **overrides):
     from the shapes and `overrides` set the rest (tgt_len, mem_len, clamp_len,
     same_length...). The TF code's quirks are selected unless overridden.
     """
-    arrays, _ = read_tf_checkpoint(path)
+    arrays, dropped = read_tf_checkpoint(path)
+    if dropped:
+        logging.info("%s: dropped %d optimizer variables (%s ...)", path, len(dropped), dropped[0])
     if config is None:
         config = _infer_config(arrays, {**TF_QUIRKS, **overrides})
     model = TransformerXLLM(config)

@@ -24,6 +24,7 @@ def build(tmp, batch=4, tgt_len=8, hosts=1, eval_batch=None, splits=("train", "v
     build_records("text", records, text=text, level="char", splits=list(splits), tgt_len=tgt_len,
                   per_host_train_bsz=batch, per_host_valid_bsz=eval_batch or batch, num_hosts=hosts,
                   log=lambda *_: None)
+    assert os.path.exists(os.path.join(records, "corpus-info.json"))
     return records
 
 

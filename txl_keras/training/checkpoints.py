@@ -15,7 +15,7 @@ import tempfile
 
 import numpy as np
 
-from txl_keras.atomic_files import _fsync_dir, atomic_path, atomic_write_text
+from txl_keras.atomic_files import fsync_dir, atomic_path, atomic_write_text
 
 INDEX = "checkpoint.json"
 WEIGHTS = "model.weights.h5"
@@ -68,11 +68,11 @@ def save_checkpoint(model_dir, step, model, state, keep=5):
         with atomic_path(os.path.join(tmp, STATE)) as state_tmp:
             with open(state_tmp, "wb") as f:
                 np.savez(f, **state)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(model_dir)
+        fsync_dir(model_dir)
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)

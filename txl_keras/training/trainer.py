@@ -97,6 +97,7 @@ class Trainer:
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
         self.seed_states = [v for v in self.model.variables if "seed_generator_state" in v.path]
         self._train_fn = None
+        self._iterator = None  # [step it is positioned at, distributed iterator]
         self._started = False
         self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) \
             if train_config.xla else self._forward_backward_impl
@@ -191,7 +192,10 @@ class Trainer:
         info = load_record_info(tc.records_dir, "train", tc.train_batch_size, self.config.tgt_len, self.num_hosts)
         if not self._started:
             self.restore_or_warm_start()
-        iterator = self._train_iterator(info)
+        if self._iterator is None or self._iterator[0] != int(self.step.numpy()):
+            # A new iterator (and a new trace) only when the data position moved otherwise.
+            self._iterator = [int(self.step.numpy()), self._train_iterator(info)]
+        iterator = self._iterator[1]
         if self._train_fn is None:
             self._train_fn = self._build_train_fn()
         writer = tf.summary.create_file_writer(os.path.join(tc.model_dir, "train")) if self.is_chief else None
@@ -207,7 +211,9 @@ class Trainer:
             loss_sum, gnorm_sum, done, bad = self._train_fn(iterator, tf.constant(boundary - step, tf.int64))
             elapsed = time.time() - start
             step = int(self.step.numpy())
+            self._iterator[0] = step
             if bool(bad):
+                self._iterator = None  # it is one batch ahead of the step now
                 raise NonFiniteLossError(
                     f"Non-finite loss or gradient at step {step + 1}; training stopped. The last good "
                     f"checkpoint is kept in {tc.model_dir}. Lower the learning rate, or pass "
