@@ -138,12 +138,15 @@ class Trainer:
             grads = part_grads if grads is None else [a + b for a, b in zip(grads, part_grads)]
             new_mems_parts.append(part_new)
         new_mems = [tf.concat([p[i] for p in new_mems_parts], 0) for i in range(self.config.n_layer)]
-        self.memory.write(new_mems, new_valid)
         grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         grads = [g / self.loss_scale for g in grads]
         nll_total = context.all_reduce(tf.distribute.ReduceOp.SUM, nll_total)
+        # A forward pass that overflowed must not leave inf/NaN in the memory.
+        forward_ok = tf.math.is_finite(nll_total)
+        self.memory.write([tf.where(forward_ok, new, old) for new, old in zip(new_mems, mems)],
+                          tf.where(forward_ok, new_valid, valid))
         gnorm = tf.linalg.global_norm(grads)
-        finite = tf.math.is_finite(gnorm) & tf.math.is_finite(nll_total)
+        finite = tf.math.is_finite(gnorm) & forward_ok
         clipped, _ = tf.clip_by_global_norm(grads, self.tc.clip, use_norm=gnorm)
         return clipped, nll_total / global_tokens, gnorm, finite
 
