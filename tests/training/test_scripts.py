@@ -142,3 +142,20 @@ def test_a_worker_whose_peer_dies_mid_training_exits_with_an_error(tmp_path):
     rest = processes[0].communicate(timeout=190)[0]
     assert processes[0].returncode not in (0, 124, -9, 137), rest[-2000:]  # an error, not the timeout
     assert time.time() - start < 150
+
+
+def test_every_checkpoint_is_evaluated_and_the_best_reported(tmp_path):
+    records = build(str(tmp_path))
+    model_dir = str(tmp_path / "m")
+    trained = run(train_command(records, model_dir, "--train_steps=4", "--iterations=2", "--save_steps=2",
+                                "--do_eval=false"))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    evaluated = run(train_command(records, model_dir, "--do_eval_only", "--max_eval_batch=-1"))
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    losses = {int(line.split("step ")[1].split(",")[0]): float(line.split("loss ")[1].split(",")[0])
+              for line in evaluated.stdout.splitlines() if line.startswith("best checkpoint")}
+    lines = [line for line in evaluated.stdout.splitlines() if line.startswith("eval valid: loss")]
+    assert len(lines) == 2  # checkpoints of steps 2 and 4
+    scores = [float(line.split("loss ")[1].split(" ")[0]) for line in lines]
+    (best_step, best_loss), = losses.items()
+    assert best_loss == pytest.approx(min(scores), abs=1e-4) and best_step == [2, 4][scores.index(min(scores))]
