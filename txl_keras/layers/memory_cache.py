@@ -52,7 +52,7 @@ class MemoryCache(keras.layers.Layer):
     >>> cache = MemoryCache(mem_len=4, num_layers=1, hidden_dim=8)
     >>> mems = cache([keras.random.normal((2, 3, 8))])
     >>> mems = cache([keras.random.normal((2, 3, 8))], mems)
-    >>> mems[0].shape
+    >>> tuple(mems[0].shape)
     (2, 4, 8)
     """
 

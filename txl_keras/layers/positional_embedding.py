@@ -29,7 +29,7 @@ class PositionalEmbedding(keras.layers.Layer):
 
     Example:
     >>> layer = PositionalEmbedding(hidden_dim=8, clamp_len=4)
-    >>> layer(relative_positions(6)).shape
+    >>> tuple(layer(relative_positions(6)).shape)
     (6, 8)
 
     References:

@@ -28,7 +28,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         `(batch_size, T, hidden_dim)`.
 
     Example:
-    >>> PositionwiseFeedForward(inner_dim=16)(keras.random.normal((2, 3, 8))).shape
+    >>> tuple(PositionwiseFeedForward(inner_dim=16)(keras.random.normal((2, 3, 8))).shape)
     (2, 3, 8)
     """
 

@@ -59,7 +59,7 @@ class RelativeAttention(keras.layers.Layer):
     Example:
     >>> layer = RelativeAttention(num_heads=2, head_dim=4)
     >>> h, mem = keras.random.normal((3, 5, 8)), keras.random.normal((3, 6, 8))
-    >>> layer(h, memory=mem, position_encoding=keras.random.normal((11, 8))).shape
+    >>> tuple(layer(h, memory=mem, position_encoding=keras.random.normal((11, 8))).shape)
     (3, 5, 8)
 
     References:

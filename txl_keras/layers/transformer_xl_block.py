@@ -35,7 +35,7 @@ class TransformerXLBlock(keras.layers.Layer):
     Example:
     >>> block = TransformerXLBlock(num_heads=2, head_dim=4, inner_dim=16)
     >>> h = keras.random.normal((2, 3, 8))
-    >>> block(h, position_encoding=keras.random.normal((3, 8))).shape
+    >>> tuple(block(h, position_encoding=keras.random.normal((3, 8))).shape)
     (2, 3, 8)
     """
 

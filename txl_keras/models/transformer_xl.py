@@ -71,7 +71,7 @@ class TransformerXL(keras.Model):
     >>> model = TransformerXL(TransformerXLConfig.from_preset("tiny"))
     >>> out = model(np.zeros((2, 8), "int32"))
     >>> out = model(np.zeros((2, 8), "int32"), mems=out["mems"])
-    >>> out["hidden"].shape, out["mems"][0].shape
+    >>> tuple(out["hidden"].shape), tuple(out["mems"][0].shape)
     ((2, 8, 16), (2, 8, 16))
     """
 

@@ -47,7 +47,7 @@ class TransformerXLLM(keras.Model):
     >>> x = np.zeros((2, 8), "int32")
     >>> out = model(x, targets=x)
     >>> out = model(x, targets=x, mems=out["mems"])
-    >>> out["nll"].shape
+    >>> tuple(out["nll"].shape)
     (2, 8)
     """
 
