@@ -4,7 +4,8 @@ and the paper's evaluation-speed experiment at small scale.
     python bench/eval_throughput.py --hf_python=/path/to/python-with-torch-and-transformers
 
 1. Long-memory evaluation (tgt_len 64, mem_len 320, clamp_len 400, same_length), char-small
-   model, batch 16: tokens/s of both, side by side, alternating, fresh processes.
+   model, batch 16: tokens/s of both, side by side, alternating, fresh processes (ours XLA-
+   compiled as the trainers' evaluation is by default; TXL_BENCH_XLA=0 turns it off).
 2. Transformer-XL evaluation (segments of 64 against a memory of L) vs vanilla
    sliding-window evaluation (mem_len 0, a window of L recomputed for each predicted
    token), at attention lengths L = 128, 320, 640: per-token speed-up, next to the
@@ -39,7 +40,9 @@ def txl_model(c):
 def txl_eval_worker(c, e):
     tf, model = txl_model(c)
     overrides = dict(mem_len=e["mem_len"], clamp_len=e["clamp_len"], same_length=e["same_length"])
-    step = tf.function(lambda x, y, mems, valid: model(x, targets=y, mems=mems, memory_valid=valid, **overrides))
+    # XLA, as the trainers' evaluation uses by default for a softmax without cutoffs.
+    step = tf.function(lambda x, y, mems, valid: model(x, targets=y, mems=mems, memory_valid=valid, **overrides),
+                       jit_compile=os.environ.get("TXL_BENCH_XLA", "1") == "1")
     ids = random_ids(e["batch"] * e["tgt_len"] * (e["segments"] + 3) + e["batch"], c["n_token"]).reshape(e["batch"], -1)
     mems = [tf.zeros((e["batch"], e["mem_len"], c["d_model"]))] * c["n_layer"]
     valid = tf.constant(0)

@@ -308,6 +308,12 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------------
 
+    @property
+    def eval_uses_xla(self):
+        """Evaluation is XLA-compiled with --xla, and by default when the softmax has
+        static shapes (no cutoffs): about +25% tokens/s on CPU (bench/eval_throughput.py)."""
+        return self.tc.xla or not self.config.cutoffs
+
     def evaluate(self, split=None, progress=True):
         """Score every target of a split exactly once with the evaluation settings.
 
@@ -325,13 +331,20 @@ class Trainer:
             memory = self._memory(mem_len, tc.eval_batch_size // self.cores)
         model = self.model
 
+        def forward(inputs, targets, mems, valid):
+            out = model(inputs, targets=targets, mems=mems, memory_valid=valid, mem_len=mem_len,
+                        clamp_len=clamp_len, same_length=same_length, training=False)
+            return out["nll"], out["mems"], out["memory_valid"]
+
+        if self.eval_uses_xla:
+            forward = tf.function(forward, jit_compile=True)
+
         def replica_eval(inputs, targets):
             mems, valid = memory.read()
             mask = targets >= 0
-            out = model(inputs, targets=tf.maximum(targets, 0), mems=mems, memory_valid=valid,
-                        mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, training=False)
-            memory.write(out["mems"], out["memory_valid"])
-            nll = tf.reduce_sum(tf.where(mask, out["nll"], 0.0))
+            nll, new_mems, new_valid = forward(inputs, tf.maximum(targets, 0), mems, valid)
+            memory.write(new_mems, new_valid)
+            nll = tf.reduce_sum(tf.where(mask, nll, 0.0))
             context = tf.distribute.get_replica_context()
             return (context.all_reduce(tf.distribute.ReduceOp.SUM, nll),
                     context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(mask, tf.float64))))
