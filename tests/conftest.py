@@ -75,7 +75,7 @@ def randomize(layer, scale=0.3, seed=0):
 
 
 def gradient(fn, x):
-    """d sum(fn(x)) / dx as numpy (zeros where nothing flows), on TF or JAX."""
+    """d sum(fn(x)) / dx as numpy (zeros where nothing flows), on TF, JAX or torch."""
     backend = keras.config.backend()
     if backend == "tensorflow":
         import tensorflow as tf
@@ -89,4 +89,13 @@ def gradient(fn, x):
         import jax
 
         return np.asarray(jax.grad(lambda v: fn(v).sum())(x))
+    if backend == "torch":
+        import torch
+
+        v = torch.tensor(x, requires_grad=True)
+        total = fn(v).sum()
+        if not total.requires_grad:
+            return np.zeros(x.shape)
+        total.backward()
+        return np.zeros(x.shape) if v.grad is None else v.grad.numpy()
     pytest.skip(f"no gradient helper for backend {backend}")

@@ -138,10 +138,10 @@ def test_zero_memory_init_attends_zeros():
 
 
 def test_no_gradient_reaches_the_memory():
-    import tensorflow as tf
-
     if keras.config.backend() != "tensorflow":
         pytest.skip("uses tf.GradientTape")
+    import tensorflow as tf
+
     cfg = TransformerXLConfig(**ADAPTIVE)
     model = build(cfg)
     x1, x2 = tokens(cfg, 2, 5, 1), tokens(cfg, 2, 5, 2)
