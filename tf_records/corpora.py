@@ -7,6 +7,7 @@ or glob) and `tfds:NAME` (TensorFlow Datasets).
 """
 
 import dataclasses
+import functools
 import glob
 import io
 import os
@@ -192,6 +193,7 @@ def lm1b(data_dir, num_shuffle=4, vocab=None, **_):
                 streams.append(np.concatenate([sentences[i] for i in order]))
         return _nonempty(streams, "lm1b", "train")
 
+    @functools.lru_cache(maxsize=1)  # valid and test are the same file: encode it once
     def heldout_ids():
         return _nonempty(vocab.encode_lines(line for line in _read_lines(heldout) if line.strip()),
                          "lm1b", "heldout")

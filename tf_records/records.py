@@ -84,13 +84,13 @@ def write_split(ids, records_dir, split, per_host_batch, tgt_len, num_hosts=1, v
     for name, value in (("per_host_batch", per_host_batch), ("tgt_len", tgt_len), ("num_hosts", num_hosts)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"Expected `{name}` to be a positive integer. Received: {name}={value}")
-    flat = np.concatenate(ids) if isinstance(ids, list) else np.asarray(ids)
+    flat = np.concatenate(ids) if isinstance(ids, list) else np.asarray(ids)  # concatenated once
     if vocab_size is not None and flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
         raise ValueError(
             f"Token ids of the {split} split are outside [0, {vocab_size}) "
             f"(min {flat.min()}, max {flat.max()}); the vocabulary and the ids disagree."
         )
-    streams = make_streams(ids, num_hosts * per_host_batch, evaluation, num_passes, seed)
+    streams = make_streams(flat, num_hosts * per_host_batch, evaluation, num_passes, seed)
     starts = chunk_starts(streams.shape[1], tgt_len, evaluation)
     if not starts:
         raise ValueError(

@@ -11,7 +11,6 @@ quirks are selected by config fields: TF checkpoints get `mem_init="zeros"`,
 `same_length_convention="tf"`, `cluster_order="tf"`, `layer_norm_epsilon=1e-12`.
 """
 
-import collections
 import json
 import os
 import pickle

@@ -3,7 +3,6 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tf_records import load_record_info, stream_dataset, verify_records, write_split
 from tf_records.dataset import distributed_dataset_fn

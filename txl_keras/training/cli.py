@@ -129,7 +129,8 @@ def prepare_data(num_core_per_host, log):
 def run(strategy, num_hosts=1, is_chief=True, log=print):
     """Train and/or evaluate under `strategy`, as the flags say. Returns the eval results."""
     cores = strategy.num_replicas_in_sync // num_hosts
-    data_dir = prepare_data(cores, log) if is_chief or FLAGS.data_dir else FLAGS.data_dir
+    # Only the chief builds missing default records; other workers read the same folder.
+    data_dir = prepare_data(cores, log) if is_chief else FLAGS.data_dir or default_records_dir(FLAGS.dataset)
     corpus_info = load_corpus_info(os.path.dirname(FLAGS.corpus_info_path) if FLAGS.corpus_info_path else data_dir)
     config = model_config(corpus_info)
     tc = train_config(data_dir)
