@@ -67,11 +67,12 @@ def _parse(serialized):
 def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size=None, skip=0):
     """Per-replica batches of one host, in the order tf.distribute hands them out.
 
-    Yields `(inputs, targets)` int32 `[per_host_batch // num_core_per_host, length]`:
+    Yields `(inputs, targets)` int32 `[per_host_batch // num_core_per_host, tgt_len]`:
     for each chunk, replica 0's rows, then replica 1's, ... (`distribute_datasets_
     from_function` gives consecutive elements to consecutive replicas). Concatenating
     one replica row's batches over time gives back its stream. Evaluation targets are -1
-    where there is nothing to score (padding); inputs there are 0.
+    where there is nothing to score (padding, including the end of the last chunk);
+    inputs there are 0.
 
     Args:
         info: a record info from `load_record_info`.
@@ -105,8 +106,14 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
     if skip:
         ds = ds.skip(skip)
 
+    length = info["tgt_len"] + 1
+
     def split_replicas(block):
-        block = tf.reshape(block, [num_core_per_host, per_replica, -1])
+        # Static shapes (one trace, and slices/splits the graph can plan): the last,
+        # shorter evaluation chunk is padded with -1 targets, which are not scored.
+        if info["evaluation"]:
+            block = tf.pad(block, [[0, 0], [0, length - tf.shape(block)[1]]], constant_values=-1)
+        block = tf.reshape(block, [num_core_per_host, per_replica, length])
         inputs, targets = block[:, :, :-1], block[:, :, 1:]
         return tf.data.Dataset.from_tensor_slices((tf.maximum(inputs, 0), targets))
 

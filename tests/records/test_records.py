@@ -58,9 +58,18 @@ def test_evaluation_scores_every_token_exactly_once(tmp_path, batch, hosts, core
     scored = targets >= 0
     np.testing.assert_array_equal(targets[scored], ids[1:])  # each once, in order
     np.testing.assert_array_equal(inputs[scored], ids[:-1])  # each with its true context
-    # the last chunk is shorter when the streams are not a multiple of tgt_len
-    lengths = [b[0].shape[1] for b in stream_dataset(info, 0, cores).as_numpy_iterator()]
-    assert max(lengths) == 10 and sum(lengths) // cores == info["stream_length"] - 1
+    # every chunk has the static length tgt_len: the end of the last one is padding,
+    # inputs 0 and targets -1, and the padding is exactly what the streams lack
+    dataset = stream_dataset(info, 0, cores)
+    assert dataset.element_spec[0].shape.as_list() == [batch // cores, 10]
+    batches = list(dataset.as_numpy_iterator())
+    assert {b[0].shape[1] for b in batches} == {10}
+    num_chunks = -(-(info["stream_length"] - 1) // 10)
+    assert len(batches) == num_chunks * cores
+    last_inputs, last_targets = batches[-1]
+    pad = num_chunks * 10 - (info["stream_length"] - 1)
+    assert (last_targets[:, last_targets.shape[1] - pad:] == -1).all()
+    assert (last_inputs[:, 1:][last_targets[:, :-1] == -1] == 0).all()  # after a stream's end
 
 
 def test_num_passes_adds_rotated_copies(tmp_path):
