@@ -4,8 +4,10 @@ and the paper's evaluation-speed experiment at small scale.
     python bench/eval_throughput.py --hf_python=/path/to/python-with-torch-and-transformers
 
 1. Long-memory evaluation (tgt_len 64, mem_len 320, clamp_len 400, same_length), char-small
-   model, batch 16: tokens/s of both, side by side, alternating, fresh processes (ours XLA-
-   compiled as the trainers' evaluation is by default; TXL_BENCH_XLA=0 turns it off).
+   model, batch 16: tokens/s of both, side by side, alternating, fresh processes. Ours as
+   the trainers' evaluation runs by default: XLA-compiled, and the memory's keys and values
+   cached between segments instead of re-projected; `--ablations` adds runs without each
+   (TXL_BENCH_XLA=0, TXL_BENCH_KV=0).
 2. Transformer-XL evaluation (segments of 64 against a memory of L) vs vanilla
    sliding-window evaluation (mem_len 0, a window of L recomputed for each predicted
    token), at attention lengths L = 128, 320, 640: per-token speed-up, next to the
@@ -41,19 +43,21 @@ def txl_eval_worker(c, e):
     tf, model = txl_model(c)
     overrides = dict(mem_len=e["mem_len"], clamp_len=e["clamp_len"], same_length=e["same_length"])
     # XLA, as the trainers' evaluation uses by default for a softmax without cutoffs.
-    step = tf.function(lambda x, y, mems, valid: model(x, targets=y, mems=mems, memory_valid=valid, **overrides),
+    step = tf.function(lambda x, y, mems, kvs, valid: model(x, targets=y, mems=mems, memory_kv=kvs,
+                                                            memory_valid=valid, **overrides),
                        jit_compile=os.environ.get("TXL_BENCH_XLA", "1") == "1")
     ids = random_ids(e["batch"] * e["tgt_len"] * (e["segments"] + 3) + e["batch"], c["n_token"]).reshape(e["batch"], -1)
     mems = [tf.zeros((e["batch"], e["mem_len"], c["d_model"]))] * c["n_layer"]
+    kvs = model.backbone.memory_kv(mems) if os.environ.get("TXL_BENCH_KV", "1") == "1" else None
     valid = tf.constant(0)
     times = []
     for i in range(e["segments"] + 2):
         x, y = ids[:, i * 64:(i + 1) * 64], ids[:, i * 64 + 1:(i + 1) * 64 + 1]
         start = time.perf_counter()
-        out = step(x, y, mems, valid)
+        out = step(x, y, mems, kvs, valid)
         out["nll"].numpy()
         times.append(time.perf_counter() - start)
-        mems, valid = out["mems"], out["memory_valid"]
+        mems, kvs, valid = out["mems"], out.get("memory_kv"), out["memory_valid"]
     return {"tokens_per_s": e["batch"] * e["tgt_len"] * e["segments"] / sum(times[2:]), "peak_rss_mb": peak_rss_mb()}
 
 
@@ -84,17 +88,18 @@ def speedup_worker(c, length, batch=16):
     """Seconds per predicted token: Transformer-XL with memory `length` vs vanilla windows."""
     tf, model = txl_model(c)
     ids = random_ids(batch * (length + 64 * 4 + 1), c["n_token"]).reshape(batch, -1)
-    xl = tf.function(lambda x, mems, valid: model(x, mems=mems, memory_valid=valid, mem_len=length,
-                                                  same_length=True, return_log_probs=True))
+    xl = tf.function(lambda x, mems, kvs, valid: model(x, mems=mems, memory_kv=kvs, memory_valid=valid,
+                                                       mem_len=length, same_length=True, return_log_probs=True))
     mems = [tf.zeros((batch, length, c["d_model"]))] * c["n_layer"]
+    kvs = model.backbone.memory_kv(mems)
     valid = tf.constant(length)
     times = []
     for i in range(4):
         start = time.perf_counter()
-        out = xl(ids[:, i * 64:(i + 1) * 64], mems, valid)
+        out = xl(ids[:, i * 64:(i + 1) * 64], mems, kvs, valid)
         out["log_probs"].numpy()
         times.append(time.perf_counter() - start)
-        mems, valid = out["mems"], out["memory_valid"]
+        mems, kvs, valid = out["mems"], out["memory_kv"], out["memory_valid"]
     xl_per_token = sum(times[1:]) / (3 * 64 * batch)
     vanilla = tf.function(lambda x: model(x, mem_len=0, return_log_probs=True)["log_probs"][:, -1])
     times = []
@@ -113,6 +118,7 @@ def main():
     parser.add_argument("--hf_python", default=None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lengths", default="128,320,640")
+    parser.add_argument("--ablations", action="store_true", help="also run ours without XLA / without the kv cache")
     args = parser.parse_args()
     c = {**CONFIGS["char_small"], "tgt_len": 64}
     if args.impl == "txl_keras":
@@ -122,11 +128,14 @@ def main():
     if args.impl == "speedup":
         return emit(speedup_worker(c, args.length))
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
-    results = {"txl_keras": [], "hf": []}
+    ablations = {"txl_keras no kv cache": {"TXL_BENCH_KV": "0"}, "txl_keras no XLA": {"TXL_BENCH_XLA": "0"}}
+    results = {"txl_keras": [], "hf": [], **({name: [] for name in ablations} if args.ablations else {})}
     for _ in range(args.rounds):
         results["txl_keras"].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"]))
         if args.hf_python:
             results["hf"].append(run_worker(args.hf_python, __file__, ["--impl", "hf"]))
+        for name, env in ablations.items() if args.ablations else ():
+            results[name].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"], env=env))
     flops = model_flops_per_token(c, training=False, mem_len=EVAL["mem_len"], tgt_len=EVAL["tgt_len"])
     print(f"1. long-memory evaluation {EVAL}, char-small model, {flops / 1e6:.1f} MFLOP per token")
     best = {}
@@ -134,10 +143,11 @@ def main():
         if runs:
             best[impl] = max(r["tokens_per_s"] for r in runs)
             rates = " / ".join(f"{r['tokens_per_s']:,.0f}" for r in runs)
-            print(f"{impl:>10}: tokens/s {rates}, "
+            print(f"{impl:>10}: tokens/s {rates} (MFU-equivalent {best[impl] * flops / 1e9:.1f} GFLOP/s), "
                   f"peak RSS {max(r['peak_rss_mb'] for r in runs):,.0f} MB")
-    if "hf" in best:
-        print(f"ratio txl_keras / hf: {best['txl_keras'] / best['hf']:.2f}x")
+    for impl in best:
+        if impl != "txl_keras":
+            print(f"ratio txl_keras / {impl}: {best['txl_keras'] / best[impl]:.2f}x")
     print("2. evaluation speed, Transformer-XL vs vanilla sliding window (per predicted token)")
     for length in [int(x) for x in args.lengths.split(",")]:
         r = run_worker(sys.executable, __file__, ["--impl", "speedup", "--length", str(length)])

@@ -50,27 +50,29 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
     overrides = dict(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, training=False)
     mems = [tf.zeros([batch, mem_len, config.d_model], model.compute_dtype)] * config.n_layer
     valid = tf.constant(mem_len if config.mem_init == "zeros" else 0, tf.int32)
+    # With relative positions each new token projects only itself, not the whole memory.
+    kvs = model.backbone.memory_kv(mems) if config.attn_type in (0, 1) and mem_len else None
 
     @tf.function
-    def feed(tokens, mems, valid):
-        out = model(tokens, mems=mems, memory_valid=valid, **overrides)
-        return out["mems"], out["memory_valid"]
+    def feed(tokens, mems, kvs, valid):
+        out = model(tokens, mems=mems, memory_kv=kvs, memory_valid=valid, **overrides)
+        return out["mems"], out.get("memory_kv"), out["memory_valid"]
 
     context = prompt[:, :-1]
     for start in range(0, context.shape[1], config.tgt_len):
-        mems, valid = feed(context[:, start:start + config.tgt_len], mems, valid)
+        mems, kvs, valid = feed(context[:, start:start + config.tgt_len], mems, kvs, valid)
 
     greedy = temperature is None or temperature <= 0
     stop = -1 if stop_token is None else int(stop_token)
 
     @tf.function
-    def decode(last, mems, valid):
+    def decode(last, mems, kvs, valid):
         produced = tf.TensorArray(tf.int32, size=max_new_tokens)
         done = tf.zeros([batch], tf.bool)
         step = tf.constant(0)
         while step < max_new_tokens and not tf.reduce_all(done):
-            out = model(last[:, None], mems=mems, memory_valid=valid, **overrides)
-            mems, valid = out["mems"], out["memory_valid"]
+            out = model(last[:, None], mems=mems, memory_kv=kvs or None, memory_valid=valid, **overrides)
+            mems, kvs, valid = out["mems"], out.get("memory_kv", []), out["memory_valid"]
             log_probs = model.softmax.log_probs(out["hidden"])[:, 0]
             if greedy:
                 token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
@@ -86,7 +88,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
         tokens = tf.transpose(produced.stack()[:step])
         return tokens, step
 
-    new, count = decode(prompt[:, -1], mems, valid)
+    new, count = decode(prompt[:, -1], mems, kvs or [], valid)  # [] for no cache: a loop variable
     count = int(count)
     if count < max_new_tokens:  # every row stopped early: pad with the stop token
         new = tf.concat([new, tf.fill([batch, max_new_tokens - count], stop)], axis=1)

@@ -49,13 +49,15 @@ def tokens(cfg, batch, length, seed=0):
     {"same_length": True, "same_length_convention": "pytorch", "cluster_order": "pytorch"},
     {"pre_lnorm": True, "untie_r": False, "div_val": 1, "proj_share_all_but_first": False},
 ])
-def test_two_segments_match_numpy_model(overrides):
+@pytest.mark.parametrize("cache_kv", [False, True])
+def test_two_segments_match_numpy_model(overrides, cache_kv):
     cfg = TransformerXLConfig(**{**ADAPTIVE, **overrides})
     model = build(cfg)
     w = numpy_weights(model)
     x1, x2 = tokens(cfg, 2, 5, 1), tokens(cfg, 2, 4, 2)
-    out1 = model(x1, targets=x2[:, :1].repeat(5, 1))
-    out2 = model(x2, targets=x1[:, :4], mems=out1["mems"], return_log_probs=True)
+    out1 = model(x1, targets=x2[:, :1].repeat(5, 1), cache_kv=cache_kv)
+    out2 = model(x2, targets=x1[:, :4], mems=out1["mems"], return_log_probs=True,
+                 memory_kv=out1.get("memory_kv"))
     h1, mems1, _ = reference.model_forward(w, cfg, x1)
     h2, mems2, log_probs2 = reference.model_forward(w, cfg, x2, mems1)
     np.testing.assert_allclose(to_np(out2["hidden"]), h2, atol=2e-4)
@@ -77,6 +79,44 @@ def test_segment_with_memory_equals_one_long_pass(attn_type):
     second = to_np(model(x[:, 5:], mems=first["mems"])["hidden"])
     np.testing.assert_allclose(second, full[:, 5:], atol=1e-4)
     np.testing.assert_allclose(to_np(first["hidden"]), full[:, :5], atol=1e-4)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"attn_type": 1},
+    {"pre_lnorm": True, "mem_init": "zeros"},
+    {"same_length": True, "clamp_len": 4, "ext_len": 2},
+])
+def test_cached_memory_keys_and_values_equal_recomputing_them(overrides):
+    cfg = TransformerXLConfig(**{**ADAPTIVE, **overrides})
+    model = build(cfg)
+    x = tokens(cfg, 2, 20)
+    plain = cached = None
+    for start in range(0, 20, 5):
+        segment = x[:, start:start + 5]
+        plain = model(segment, targets=segment, mems=plain and plain["mems"])
+        cached = model(segment, targets=segment, mems=cached and cached["mems"],
+                       memory_kv=cached and cached["memory_kv"], cache_kv=True)
+        np.testing.assert_allclose(to_np(cached["nll"]), to_np(plain["nll"]), atol=1e-5)
+        for block, mem, kv in zip(model.backbone.blocks, cached["mems"], cached["memory_kv"]):
+            # the cache holds exactly the projection of the memory it stands for
+            rows, layer = to_np(mem), block.attention
+            if cfg.pre_lnorm:
+                rows = (rows - rows.mean(-1, keepdims=True)) / np.sqrt(
+                    rows.var(-1, keepdims=True) + cfg.layer_norm_epsilon)
+                gamma, beta = (to_np(v) for v in layer.layer_norm.weights)
+                rows = rows * gamma + beta
+            kernel = to_np(layer.qkv_kernel)[:, cfg.n_head * cfg.d_head:]
+            np.testing.assert_allclose(to_np(kv), rows @ kernel, atol=1e-5)
+
+
+def test_memory_kv_cache_refuses_absolute_positions_and_wrong_shapes():
+    model = build(TransformerXLConfig(**{**ADAPTIVE, "attn_type": 2}))
+    with pytest.raises(ValueError, match="only with relative positions"):
+        model(tokens(model.config, 2, 5), cache_kv=True)
+    model = build(TransformerXLConfig(**ADAPTIVE))
+    out = model(tokens(model.config, 2, 5), cache_kv=True)
+    with pytest.raises(ValueError, match="memory_kv"):
+        model(tokens(model.config, 2, 5), mems=out["mems"], memory_kv=out["memory_kv"][:1])
 
 
 def test_k_segments_with_long_memory_equal_full_causal_pass():

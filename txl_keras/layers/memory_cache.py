@@ -152,7 +152,7 @@ class MemoryCache(keras.layers.Layer):
 
     def _empty(self, reference):
         shape = ops.shape(reference)
-        empty = ops.zeros((shape[0], 0, self.hidden_dim), self.compute_dtype)
+        empty = ops.zeros((shape[0], 0, shape[-1]), self.compute_dtype)
         return [empty] * self.num_layers
 
     def read(self):

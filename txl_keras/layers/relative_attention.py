@@ -31,6 +31,11 @@ class RelativeAttention(keras.layers.Layer):
     dropped out and added to the input; post-norm applies layer norm to the sum,
     `pre_lnorm` normalises `[memory, h]` before the projection instead.
 
+    Because positions enter only through `r`, the keys and values of a memory row do
+    not change from one segment to the next: with frozen weights (evaluation,
+    generation) the caller can keep them (`project_kv`) and pass `context_kv` instead
+    of recomputing the projection of the whole memory every segment (section 3.3).
+
     Args:
         num_heads: int, `H`.
         head_dim: int, `Dh`.
@@ -51,6 +56,8 @@ class RelativeAttention(keras.layers.Layer):
         position_bias: optional `(H, Dh)`, `v`.
         position_score_bias: optional `(K, H)`, `b` (attn_type 1).
         attention_mask: optional boolean `(T, K)`, True where allowed.
+        context_kv: optional `(batch_size, K, 2 * H * Dh)`, the keys and values of
+            `[memory, inputs]` (`project_kv` of each row); `memory` is then not projected.
         training: bool, enables dropout.
 
     Returns:
@@ -112,6 +119,15 @@ class RelativeAttention(keras.layers.Layer):
     def _norm(self, x):
         return ops.cast(self.layer_norm(ops.cast(x, "float32")), self.compute_dtype)
 
+    def project_kv(self, inputs):
+        """Keys and values of rows `(batch_size, L, hidden_dim)` -> `(batch_size, L, 2 * H * Dh)`
+        (keys first), as the call computes them."""
+        inner = self.num_heads * self.head_dim
+        inputs = ops.cast(inputs, self.compute_dtype)
+        if self.pre_lnorm:
+            inputs = self._norm(inputs)
+        return ops.matmul(inputs, ops.split(self.qkv_kernel, [inner], axis=1)[1])
+
     def _heads(self, x):
         shape = ops.shape(x)
         return ops.reshape(x, (shape[0], shape[1], self.num_heads, self.head_dim))
@@ -125,19 +141,22 @@ class RelativeAttention(keras.layers.Layer):
         position_bias=None,
         position_score_bias=None,
         attention_mask=None,
+        context_kv=None,
         training=False,
     ):
         inner = self.num_heads * self.head_dim
         query_input = self._norm(inputs) if self.pre_lnorm else inputs
-        context = query_input
-        if memory is not None:
-            memory = ops.cast(memory, self.compute_dtype)
-            context = ops.concatenate(
-                [self._norm(memory) if self.pre_lnorm else memory, query_input], axis=1
-            )
         q_kernel, kv_kernel = ops.split(self.qkv_kernel, [inner], axis=1)
         q = self._heads(ops.matmul(query_input, q_kernel))
-        k, v = ops.split(ops.matmul(context, kv_kernel), 2, axis=-1)
+        if context_kv is None:
+            context = query_input
+            if memory is not None:
+                memory = ops.cast(memory, self.compute_dtype)
+                context = ops.concatenate(
+                    [self._norm(memory) if self.pre_lnorm else memory, query_input], axis=1
+                )
+            context_kv = ops.matmul(context, kv_kernel)
+        k, v = ops.split(ops.cast(context_kv, self.compute_dtype), 2, axis=-1)
         k, v = self._heads(k), self._heads(v)
 
         # The 1/sqrt(head_dim) scale is applied to the queries (cheaper than to the scores).

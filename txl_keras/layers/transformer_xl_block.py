@@ -26,7 +26,7 @@ class TransformerXLBlock(keras.layers.Layer):
     Call arguments:
         inputs: `(batch_size, T, hidden_dim)`.
         memory, position_encoding, content_bias, position_bias, position_score_bias,
-        attention_mask: as in `RelativeAttention`.
+        attention_mask, context_kv: as in `RelativeAttention`.
         training: bool.
 
     Returns:
@@ -98,6 +98,7 @@ class TransformerXLBlock(keras.layers.Layer):
         position_bias=None,
         position_score_bias=None,
         attention_mask=None,
+        context_kv=None,
         training=False,
     ):
         x = self.attention(
@@ -108,6 +109,7 @@ class TransformerXLBlock(keras.layers.Layer):
             position_bias=position_bias,
             position_score_bias=position_score_bias,
             attention_mask=attention_mask,
+            context_kv=context_kv,
             training=training,
         )
         return self.feed_forward(x, training=training)

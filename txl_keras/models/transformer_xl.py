@@ -61,11 +61,19 @@ class TransformerXL(keras.Model):
             `mem_len`.
         memory_valid: optional int32 scalar: only the last `memory_valid` slots of
             `mems` hold real positions (fixed-shape memory, as trainers keep it).
+        cache_kv: bool, also return `"memory_kv"`, the keys and values of the new
+            memory, so that the next call need not project the memory again. Exact only
+            while the weights do not change (evaluation, generation); relative
+            positions only (attn_type 0 or 1).
+        memory_kv: optional list of `n_layer` tensors `(batch_size, M, 2 * n_head *
+            d_head)`, the `"memory_kv"` of the previous call (implies `cache_kv`);
+            without it, `cache_kv` projects `mems` once (`memory_kv(mems)`).
 
     Returns:
         dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
         `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)`; with
-        `memory_valid` (or in stateful mode) also the new `"memory_valid"`.
+        `memory_valid` (or in stateful mode) also the new `"memory_valid"`; with
+        `cache_kv` also `"memory_kv"`, the new memories' keys and values.
 
     Example:
     >>> model = TransformerXL(TransformerXLConfig.from_preset("tiny"))
@@ -199,10 +207,42 @@ class TransformerXL(keras.Model):
 
     # -- the forward pass ------------------------------------------------------------------
 
+    def memory_kv(self, mems):
+        """Keys and values of each layer's memory: `n_layer` tensors
+        `(batch_size, M, 2 * n_head * d_head)` (keys first)."""
+        return [block.attention.project_kv(mem) for block, mem in zip(self.blocks, mems)]
+
+    def _check_memory_kv(self, memory_kv, mems):
+        c = self.config
+        if c.attn_type not in (0, 1):
+            raise ValueError(
+                f"Keys and values of the memory can be cached only with relative positions "
+                f"(attn_type 0 or 1); attn_type={c.attn_type} adds absolute positions to the "
+                "memory, so its keys change every segment. Call without cache_kv/memory_kv."
+            )
+        if self.stateful:
+            raise ValueError("cache_kv/memory_kv need a stateless model (stateful=False).")
+        if memory_kv is None:
+            return
+        width = 2 * c.n_head * c.d_head
+        length = None if mems is None else mems[0].shape[1]
+        if not isinstance(memory_kv, (list, tuple)) or len(memory_kv) != c.n_layer or any(
+            len(kv.shape) != 3 or kv.shape[2] != width or kv.shape[1] != length for kv in memory_kv
+        ):
+            shapes = [tuple(kv.shape) for kv in memory_kv] if isinstance(memory_kv, (list, tuple)) \
+                else type(memory_kv).__name__
+            raise ValueError(
+                f"Expected `memory_kv` to be the list of n_layer={c.n_layer} tensors (batch_size, "
+                f"M={length}, {width}) returned in out['memory_kv'] with these mems. Received {shapes}"
+            )
+
     def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None,
-             same_length=None, memory_valid=None):
+             same_length=None, memory_valid=None, cache_kv=False, memory_kv=None):
         c = self.config
         self._check_inputs(tokens, mems)
+        cache_kv = cache_kv or memory_kv is not None
+        if cache_kv:
+            self._check_memory_kv(memory_kv, mems)
         if mem_len is not None and self.stateful and mem_len != c.mem_len:
             raise ValueError(
                 f"A stateful model keeps mem_len={c.mem_len}; use a stateless model "
@@ -216,6 +256,9 @@ class TransformerXL(keras.Model):
             mems, memory_valid = self.memory.read()
         elif mems is None:
             mems = self.memory.initial_memories(ops.shape(tokens)[0]) if mem_len else None
+        if cache_kv and memory_kv is None and mems is not None:
+            memory_kv = self.memory_kv(mems)
+        current_kv = []
         query_length = ops.shape(tokens)[1]
         memory_length = 0 if mems is None else ops.shape(mems[0])[1]
         key_length = memory_length + query_length
@@ -263,11 +306,17 @@ class TransformerXL(keras.Model):
                 hidden = hidden + absolute[memory_length:]
                 if memory is not None:
                     memory = ops.cast(memory, self.compute_dtype) + absolute[:memory_length]
+            if cache_kv:
+                current_kv.append(block.attention.project_kv(hidden))
+                kwargs["context_kv"] = current_kv[-1] if memory_kv is None else ops.concatenate(
+                    [ops.cast(memory_kv[i], self.compute_dtype), current_kv[-1]], axis=1)
             hidden = block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs)
 
         new_mems = self.memory(layer_inputs, mems, mem_len=mem_len)
         hidden = self.out_dropout(hidden, training=training)
         out = {"hidden": hidden, "mems": new_mems}
+        if cache_kv:  # the same update as the memory's, applied to its keys and values
+            out["memory_kv"] = self.memory(current_kv, memory_kv, mem_len=mem_len)
         if memory_valid is not None:
             out["memory_valid"] = ops.minimum(mem_len, memory_valid + query_length - c.ext_len)
             if self.stateful:

@@ -41,6 +41,8 @@ class TransformerXLLM(keras.Model):
         return_log_probs: bool.
         mem_len, clamp_len, same_length: optional per-call overrides (evaluation).
         memory_valid: optional int32 scalar, see `TransformerXL`.
+        cache_kv, memory_kv: keep the memory's keys and values between calls instead of
+            projecting the memory again (evaluation, generation), see `TransformerXL`.
 
     Example:
     >>> model = TransformerXLLM(TransformerXLConfig.from_preset("tiny"))
@@ -97,6 +99,8 @@ class TransformerXLLM(keras.Model):
         clamp_len=None,
         same_length=None,
         memory_valid=None,
+        cache_kv=False,
+        memory_kv=None,
     ):
         out = dict(
             self.backbone(
@@ -107,6 +111,8 @@ class TransformerXLLM(keras.Model):
                 clamp_len=clamp_len,
                 same_length=same_length,
                 memory_valid=memory_valid,
+                cache_kv=cache_kv,
+                memory_kv=memory_kv,
             )
         )
         if targets is not None:

@@ -106,9 +106,9 @@ class Trainer:
         """The values of this worker's replicas, in replica order."""
         return self.strategy.experimental_local_results(values)
 
-    def _memory(self, mem_len, batch):
+    def _memory(self, mem_len, batch, width=None):
         return MemoryCache(
-            mem_len, self.config.n_layer, self.config.d_model, ext_len=self.config.ext_len,
+            mem_len, self.config.n_layer, width or self.config.d_model, ext_len=self.config.ext_len,
             stateful=True, batch_size=batch, zero_init=self.config.mem_init == "zeros",
             dtype=self.tc.precision,
         )
@@ -327,23 +327,38 @@ class Trainer:
         clamp_len = c.clamp_len if tc.eval_clamp_len is None else tc.eval_clamp_len
         same_length = c.same_length if tc.eval_same_length is None else tc.eval_same_length
         info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
+        # With relative positions the memory's keys and values are kept, not recomputed
+        # every segment (the weights do not change): ~1.5x fewer FLOPs at mem_len 5 tgt_len.
+        cache_kv = c.attn_type in (0, 1) and mem_len > 0
+        batch = tc.eval_batch_size // self.cores
         with self.strategy.scope():
-            memory = self._memory(mem_len, tc.eval_batch_size // self.cores)
+            memory = self._memory(mem_len, batch)
+            kv_memory = self._memory(mem_len, batch, 2 * c.n_head * c.d_head) if cache_kv else None
         model = self.model
 
-        def forward(inputs, targets, mems, valid):
+        def forward(inputs, targets, mems, kvs, valid):
             out = model(inputs, targets=targets, mems=mems, memory_valid=valid, mem_len=mem_len,
-                        clamp_len=clamp_len, same_length=same_length, training=False)
-            return out["nll"], out["mems"], out["memory_valid"]
+                        clamp_len=clamp_len, same_length=same_length, memory_kv=kvs, training=False)
+            return out["nll"], out["mems"], out.get("memory_kv"), out["memory_valid"]
 
         if self.eval_uses_xla:
             forward = tf.function(forward, jit_compile=True)
 
+        @tf.function
+        def start_kv_cache():  # the keys and values of the initial memory (zeros count with mem_init zeros)
+            self.strategy.run(lambda: kv_memory.write(model.backbone.memory_kv(memory.read()[0]), 0))
+
+        if cache_kv:
+            start_kv_cache()
+
         def replica_eval(inputs, targets):
             mems, valid = memory.read()
+            kvs = kv_memory.read()[0] if cache_kv else None
             mask = targets >= 0
-            nll, new_mems, new_valid = forward(inputs, tf.maximum(targets, 0), mems, valid)
+            nll, new_mems, new_kvs, new_valid = forward(inputs, tf.maximum(targets, 0), mems, kvs, valid)
             memory.write(new_mems, new_valid)
+            if cache_kv:
+                kv_memory.write(new_kvs, new_valid)
             nll = tf.reduce_sum(tf.where(mask, nll, 0.0))
             context = tf.distribute.get_replica_context()
             return (context.all_reduce(tf.distribute.ReduceOp.SUM, nll),
