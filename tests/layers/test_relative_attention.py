@@ -20,11 +20,12 @@ def test_relative_shift_maps_columns_to_distances():
     rng = np.random.default_rng(0)
     for t, m in [(3, 0), (3, 5), (4, 4), (1, 6)]:
         k = t + m
-        x = rng.normal(size=(2, t, k))
+        x = rng.normal(size=(2, t, k + 1))
         shifted = to_np(relative_shift(ops.array(x)))
+        assert shifted.shape == (2, t, k)
         for i in range(t):
             for j in range(m + i + 1):  # the unmasked region
-                column = k - 1 - (m + i - j)  # column c encodes distance K-1-c
+                column = k - (m + i - j)  # column c encodes distance K-c
                 assert shifted[0, i, j] == pytest.approx(x[0, i, column])
                 assert shifted[1, i, j] == pytest.approx(x[1, i, column])
 

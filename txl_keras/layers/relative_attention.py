@@ -168,10 +168,13 @@ class RelativeAttention(keras.layers.Layer):
             if self.position_projection:
                 r = ops.matmul(r, self.r_kernel)
             r = ops.reshape(r, (-1, self.num_heads, self.head_dim))
+            # One spare row in front (distance K, see relative_shift): no pad of the scores.
+            r = ops.concatenate([r[:1], r], axis=0)
             position_q = q if position_bias is None else q + ops.cast(position_bias, q.dtype)
             position_scores = ops.einsum("bihd,jhd->bhij", position_q * scale, r)
             if position_score_bias is not None:
-                bias = ops.transpose(ops.cast(position_score_bias, position_scores.dtype))
+                bias = ops.cast(position_score_bias, position_scores.dtype)
+                bias = ops.transpose(ops.concatenate([bias[:1], bias], axis=0))
                 position_scores = position_scores + scale * bias[None, :, None, :]
             scores = scores + relative_shift(position_scores)
 
