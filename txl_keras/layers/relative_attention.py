@@ -171,7 +171,11 @@ class RelativeAttention(keras.layers.Layer):
             # One spare row in front (distance K, see relative_shift): no pad of the scores.
             r = ops.concatenate([r[:1], r], axis=0)
             position_q = q if position_bias is None else q + ops.cast(position_bias, q.dtype)
-            position_scores = ops.einsum("bihd,jhd->bhij", position_q * scale, r)
+            # A broadcast batched matmul writes (b, h, i, j) directly; an einsum would
+            # compute (h, b * i, j) and transpose the largest tensor of the layer.
+            position_scores = ops.matmul(
+                ops.transpose(position_q * scale, (0, 2, 1, 3)), ops.transpose(r, (1, 2, 0))[None]
+            )
             if position_score_bias is not None:
                 bias = ops.cast(position_score_bias, position_scores.dtype)
                 bias = ops.transpose(ops.concatenate([bias[:1], bias], axis=0))
