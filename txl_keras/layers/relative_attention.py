@@ -159,10 +159,15 @@ class RelativeAttention(keras.layers.Layer):
         k, v = ops.split(ops.cast(context_kv, self.compute_dtype), 2, axis=-1)
         k, v = self._heads(k), self._heads(v)
 
+        # Scores are laid out (heads, batch, T, K): the position scores, shared across the
+        # batch, are then one (batch * T, Dh) x (Dh, K + 1) product per head, written in
+        # place, with no transpose of a score-sized tensor anywhere.
         # The 1/sqrt(head_dim) scale is applied to the queries (cheaper than to the scores).
         scale = ops.cast(1.0 / self.head_dim**0.5, q.dtype)
-        content_q = q if content_bias is None else q + ops.cast(content_bias, q.dtype)
-        scores = ops.einsum("bihd,bjhd->bhij", content_q * scale, k)
+        q = ops.transpose(q, (2, 0, 1, 3)) * scale  # (H, B, T, Dh)
+        batch, query_length = ops.shape(q)[1], ops.shape(q)[2]
+        content_q = q if content_bias is None else q + scale * ops.cast(content_bias, q.dtype)[:, None, None]
+        scores = ops.matmul(content_q, ops.transpose(k, (2, 0, 3, 1)))  # (H, B, T, K)
         if position_encoding is not None:
             r = ops.cast(position_encoding, self.compute_dtype)
             if self.position_projection:
@@ -170,16 +175,14 @@ class RelativeAttention(keras.layers.Layer):
             r = ops.reshape(r, (-1, self.num_heads, self.head_dim))
             # One spare row in front (distance K, see relative_shift): no pad of the scores.
             r = ops.concatenate([r[:1], r], axis=0)
-            position_q = q if position_bias is None else q + ops.cast(position_bias, q.dtype)
-            # A broadcast batched matmul writes (b, h, i, j) directly; an einsum would
-            # compute (h, b * i, j) and transpose the largest tensor of the layer.
-            position_scores = ops.matmul(
-                ops.transpose(position_q * scale, (0, 2, 1, 3)), ops.transpose(r, (1, 2, 0))[None]
-            )
+            position_q = q if position_bias is None else q + scale * ops.cast(position_bias, q.dtype)[:, None, None]
+            position_q = ops.reshape(position_q, (self.num_heads, -1, self.head_dim))
+            position_scores = ops.matmul(position_q, ops.transpose(r, (1, 2, 0)))  # (H, B * T, K + 1)
+            position_scores = ops.reshape(position_scores, (self.num_heads, batch, query_length, -1))
             if position_score_bias is not None:
                 bias = ops.cast(position_score_bias, position_scores.dtype)
                 bias = ops.transpose(ops.concatenate([bias[:1], bias], axis=0))
-                position_scores = position_scores + scale * bias[None, :, None, :]
+                position_scores = position_scores + scale * bias[:, None, None, :]
             scores = scores + relative_shift(position_scores)
 
         scores = ops.cast(scores, "float32")
@@ -188,9 +191,8 @@ class RelativeAttention(keras.layers.Layer):
         probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         probs = self.probs_dropout(probs, training=training)
 
-        attended = ops.einsum("bhij,bjhd->bihd", probs, v)
-        shape = ops.shape(attended)
-        attended = ops.reshape(attended, (shape[0], shape[1], inner))
+        attended = ops.matmul(probs, ops.transpose(v, (2, 0, 1, 3)))  # (H, B, T, Dh)
+        attended = ops.reshape(ops.transpose(attended, (1, 2, 0, 3)), (batch, query_length, inner))
         output = self.output_dropout(ops.matmul(attended, self.o_kernel), training=training)
         if self.pre_lnorm:
             return inputs + output
