@@ -179,20 +179,28 @@ class AdaptiveSoftmax(keras.layers.Layer):
             proj = self.own_projections[i]
         return table, self.biases[i], proj
 
-    def _log_softmax_of(self, hidden, table, bias, proj):
+    def _logits_of(self, hidden, table, bias, proj):
         x = ops.cast(hidden, self.compute_dtype)
         if proj is not None:
             x = ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
         logits = ops.matmul(x, ops.transpose(ops.cast(table, self.compute_dtype)))
-        logits = ops.cast(logits, "float32") + ops.cast(bias, "float32")
-        return ops.log_softmax(logits, axis=-1)
+        return ops.cast(logits, "float32") + ops.cast(bias, "float32")
 
-    def _head_log_probs(self, hidden):
+    def _log_softmax_of(self, hidden, table, bias, proj):
+        return ops.log_softmax(self._logits_of(hidden, table, bias, proj), axis=-1)
+
+    def _nll_of(self, hidden, targets, table, bias, proj):
+        # A fused cross-entropy (one kernel on TF, whose gradient is softmax - one_hot);
+        # picking log-probs with take_along_axis costs a scatter over all logits instead.
+        logits = self._logits_of(hidden, table, bias, proj)
+        return ops.sparse_categorical_crossentropy(targets, logits, from_logits=True)
+
+    def _head_weights(self):
         table, bias, proj = self.cluster_weights(0)
         if self.cutoffs:
             table = ops.concatenate([table, self.cluster_W], axis=0)
             bias = ops.concatenate([bias, self.cluster_b], axis=0)
-        return self._log_softmax_of(hidden, table, bias, proj)
+        return table, bias, proj
 
     def _use_dense(self):
         if self.tail_mode == "auto":
@@ -203,12 +211,11 @@ class AdaptiveSoftmax(keras.layers.Layer):
         out_shape = ops.shape(targets)
         hidden = ops.reshape(hidden, (-1, self.hidden_dim))
         targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
-        head = self._head_log_probs(hidden)
         head_targets = targets
         for i in range(1, self.n_clusters):
             in_cluster = ops.logical_and(targets >= self.bounds[i], targets < self.bounds[i + 1])
             head_targets = ops.where(in_cluster, self.head_column(i), head_targets)
-        nll = -ops.take_along_axis(head, head_targets[:, None], axis=1)[:, 0]
+        nll = self._nll_of(hidden, head_targets, *self._head_weights())
         for i in range(1, self.n_clusters):
             nll = nll + self._tail_nll(i, hidden, targets)
         return ops.reshape(nll, out_shape)
@@ -218,21 +225,19 @@ class AdaptiveSoftmax(keras.layers.Layer):
         in_cluster = ops.logical_and(targets >= low, targets < high)
         weights = self.cluster_weights(i)
         if self._use_dense():
-            log_probs = self._log_softmax_of(hidden, *weights)
             local = ops.clip(targets - low, 0, high - low - 1)
-            tail = -ops.take_along_axis(log_probs, local[:, None], axis=1)[:, 0]
+            tail = self._nll_of(hidden, local, *weights)
             return ops.where(in_cluster, tail, ops.zeros_like(tail))
         index = ops.cast(ops.nonzero(in_cluster)[0], "int32")
-        log_probs = self._log_softmax_of(ops.take(hidden, index, axis=0), *weights)
         local = ops.take(targets, index) - low
-        tail = -ops.take_along_axis(log_probs, local[:, None], axis=1)[:, 0]
+        tail = self._nll_of(ops.take(hidden, index, axis=0), local, *weights)
         return ops.scatter(index[:, None], tail, ops.shape(targets))
 
     def log_probs(self, hidden):
         """Full log-probabilities, float32 `(..., vocabulary_size)`, summing to one."""
         lead = ops.shape(hidden)[:-1]
         flat = ops.reshape(hidden, (-1, self.hidden_dim))
-        head = self._head_log_probs(flat)
+        head = self._log_softmax_of(flat, *self._head_weights())
         parts = [head[:, : self.bounds[1]]]
         for i in range(1, self.n_clusters):
             column = self.head_column(i)
