@@ -34,24 +34,31 @@ def model_flops_per_token(c, training=True, mem_len=None, tgt_len=None):
     return flops if training else flops / 3
 
 
-def matmul_ceiling_gflops(size=2048, repeats=10):
-    """Best fp32 matmul rate of this process's TensorFlow, GFLOP/s."""
+def matmul_ceiling_gflops(sizes=(1024, 2048), repeats=8):
+    """Best fp32 matmul rate of this process's TensorFlow over square sizes, GFLOP/s."""
     import tensorflow as tf
 
-    a = tf.random.normal([size, size])
-    b = tf.random.normal([size, size])
     f = tf.function(lambda a, b: tf.linalg.matmul(a, b))
-    f(a, b).numpy()
     best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
+    for size in sizes:
+        a = tf.random.normal([size, size])
+        b = tf.random.normal([size, size])
         f(a, b).numpy()
-        best = max(best, 2 * size**3 / (time.perf_counter() - start) / 1e9)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            f(a, b).numpy()
+            best = max(best, 2 * size**3 / (time.perf_counter() - start) / 1e9)
     return best
 
 
 def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mb():
+    """Resident memory now (after importing the framework: its fixed cost)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
 def emit(result):

@@ -16,7 +16,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CONFIGS, emit, matmul_ceiling_gflops, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
+from common import (CONFIGS, current_rss_mb, emit, matmul_ceiling_gflops, model_flops_per_token,  # noqa: E402
+                    peak_rss_mb, random_ids, run_worker)
 
 
 def txl_worker(args, c):
@@ -29,6 +30,7 @@ def txl_worker(args, c):
     from txl_keras import TransformerXLConfig
     from txl_keras.training import TrainConfig, Trainer
 
+    framework_mb = current_rss_mb()
     tokens_per_step = c["batch"] * c["tgt_len"]
     total_steps = args.warmup + args.steps
     records = tempfile.mkdtemp()
@@ -48,13 +50,14 @@ def txl_worker(args, c):
     trainer.train()
     elapsed = time.perf_counter() - start
     return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
-            "ceiling_gflops": matmul_ceiling_gflops()}
+            "framework_rss_mb": framework_mb, "ceiling_gflops": matmul_ceiling_gflops()}
 
 
 def hf_worker(args, c):
     import torch
     from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
+    framework_mb = current_rss_mb()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     config = TransfoXLConfig(vocab_size=c["n_token"], cutoffs=c["cutoffs"], d_model=c["d_model"],
@@ -87,7 +90,8 @@ def hf_worker(args, c):
     for i in range(args.warmup, args.warmup + args.steps):
         step(i)
     elapsed = time.perf_counter() - start
-    return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb()}
+    return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
+            "framework_rss_mb": framework_mb}
 
 
 def main():
@@ -126,8 +130,11 @@ def main():
             continue
         rates = [r["tokens_per_s"] for r in runs]
         best[impl] = max(rates)
+        peak = max(r["peak_rss_mb"] for r in runs)
+        framework = min(r["framework_rss_mb"] for r in runs)
         print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates)} (best {best[impl]:,.0f}), "
-              f"MFU {best[impl] * flops / 1e9 / ceiling:.1%}, peak RSS {max(r['peak_rss_mb'] for r in runs):,.0f} MB")
+              f"MFU {best[impl] * flops / 1e9 / ceiling:.1%}, peak RSS {peak:,.0f} MB "
+              f"(framework after import {framework:,.0f} MB, above it {peak - framework:,.0f} MB)")
     if "hf" in best:
         print(f"ratio txl_keras / hf: {best['txl_keras'] / best['hf']:.2f}x")
 
