@@ -22,15 +22,33 @@ CONFIGS = {
 }
 
 
+def softmax_macs_per_token(c):
+    """Multiply-adds of the output layer per token: `d V` for a full softmax; for an adaptive
+    one (div_val > 1, a projection per cluster), the head plus each tail weighted by how
+    often its tokens occur in the benchmark's uniform random data (size / V)."""
+    d, V, cutoffs = c["d_model"], c["n_token"], c["cutoffs"]
+    if not cutoffs:
+        return d * V
+    bounds = [0] + list(cutoffs) + [V]
+    macs = 0.0
+    for i in range(len(bounds) - 1):
+        size, width = bounds[i + 1] - bounds[i], d // c["div_val"] ** i
+        columns = size + (len(cutoffs) if i == 0 else 0)
+        share = 1.0 if i == 0 else size / V
+        macs += share * (d * width + width * columns)
+    return macs
+
+
 def model_flops_per_token(c, training=True, mem_len=None, tgt_len=None):
     """6 N_nonembedding + 6 d V + 18 L d (m + (q + 1) / 2) (training; a third of it for
-    a forward pass), the formula of the reference."""
+    a forward pass), the formula of the reference; `d V` becomes the adaptive softmax's
+    multiply-adds when there are cutoffs (`softmax_macs_per_token`)."""
     d, L = c["d_model"], c["n_layer"]
     m = c["mem_len"] if mem_len is None else mem_len
     q = c["tgt_len"] if tgt_len is None else tgt_len
     inner = c["n_head"] * c["d_head"]
     n_nonembedding = L * (5 * d * inner + 2 * d * c["d_inner"] + c["d_inner"] + 5 * d)
-    flops = 6 * n_nonembedding + 6 * d * c["n_token"] + 18 * L * d * (m + (q + 1) / 2)
+    flops = 6 * n_nonembedding + 6 * softmax_macs_per_token(c) + 18 * L * d * (m + (q + 1) / 2)
     return flops if training else flops / 3
 
 
