@@ -51,7 +51,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
     mems = [tf.zeros([batch, mem_len, config.d_model], model.compute_dtype)] * config.n_layer
     valid = tf.constant(mem_len if config.mem_init == "zeros" else 0, tf.int32)
     # With relative positions each new token projects only itself, not the whole memory.
-    kvs = model.backbone.memory_kv(mems) if config.attn_type in (0, 1) and mem_len else None
+    kvs = model.backbone.memory_kv(mems) if model.backbone.can_cache_kv and mem_len else None
 
     @tf.function
     def feed(tokens, mems, kvs, valid):

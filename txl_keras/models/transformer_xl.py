@@ -207,6 +207,12 @@ class TransformerXL(keras.Model):
 
     # -- the forward pass ------------------------------------------------------------------
 
+    @property
+    def can_cache_kv(self):
+        """Whether the memory's keys and values can be kept between calls: with relative
+        positions (attn_type 0 or 1) they do not change from one segment to the next."""
+        return self.config.attn_type in (0, 1)
+
     def memory_kv(self, mems):
         """Keys and values of each layer's memory: `n_layer` tensors
         `(batch_size, M, 2 * n_head * d_head)` (keys first)."""
@@ -214,7 +220,7 @@ class TransformerXL(keras.Model):
 
     def _check_memory_kv(self, memory_kv, mems):
         c = self.config
-        if c.attn_type not in (0, 1):
+        if not self.can_cache_kv:
             raise ValueError(
                 f"Keys and values of the memory can be cached only with relative positions "
                 f"(attn_type 0 or 1); attn_type={c.attn_type} adds absolute positions to the "

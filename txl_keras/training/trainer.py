@@ -329,7 +329,7 @@ class Trainer:
         info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
         # With relative positions the memory's keys and values are kept, not recomputed
         # every segment (the weights do not change): ~1.5x fewer FLOPs at mem_len 5 tgt_len.
-        cache_kv = c.attn_type in (0, 1) and mem_len > 0
+        cache_kv = self.model.backbone.can_cache_kv and mem_len > 0
         batch = tc.eval_batch_size // self.cores
         with self.strategy.scope():
             memory = self._memory(mem_len, batch)
@@ -344,12 +344,12 @@ class Trainer:
         if self.eval_uses_xla:
             forward = tf.function(forward, jit_compile=True)
 
-        @tf.function
         def start_kv_cache():  # the keys and values of the initial memory (zeros count with mem_init zeros)
-            self.strategy.run(lambda: kv_memory.write(model.backbone.memory_kv(memory.read()[0]), 0))
+            mems, valid = memory.read()
+            kv_memory.write(model.backbone.memory_kv(mems), valid)
 
         if cache_kv:
-            start_kv_cache()
+            tf.function(lambda: self.strategy.run(start_kv_cache))()
 
         def replica_eval(inputs, targets):
             mems, valid = memory.read()
