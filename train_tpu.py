@@ -17,6 +17,8 @@ from absl import app, flags, logging  # noqa: E402
 from txl_keras.training import cli  # noqa: E402
 from txl_keras.training.watchdog import Watchdog  # noqa: E402
 
+cli.define_flags()
+flags.adopt_module_key_flags(cli)  # --help lists the training flags, not only this file's
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address; 'local' on a TPU VM.")
 flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU (with a TPU name).")
 flags.DEFINE_string("gcp_project", None, "GCP project of the TPU (with a TPU name).")
@@ -63,7 +65,8 @@ def main(argv):
         strategy, num_hosts = connect_tpu()
     except NoTPUError as e:
         raise SystemExit(f"error: {e}")
-    cli.run(strategy, num_hosts=num_hosts, is_chief=True, log=lambda *a: print(*a, flush=True))
+    # Every TPU step is XLA-compiled: the static-shape paths are selected whatever --xla says.
+    cli.run(strategy, num_hosts=num_hosts, is_chief=True, log=lambda *a: print(*a, flush=True), compiled=True)
 
 
 if __name__ == "__main__":

@@ -13,43 +13,26 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# The reference's char-small config, and a word-level one with adaptive input/softmax.
+from txl_keras.models import flops  # noqa: E402
+from txl_keras.models.config import PRESETS, TransformerXLConfig  # noqa: E402
+
+# The reference's char-small config (the package's preset), and a word-level one with
+# adaptive input/softmax; `batch` is the benchmark's per-step batch.
 CONFIGS = {
-    "char_small": dict(n_token=204, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024,
-                       tgt_len=128, mem_len=128, batch=16, cutoffs=[], div_val=1),
+    "char_small": {**PRESETS["char_small"], "batch": 16, "cutoffs": [], "div_val": 1},
     "word_adaptive": dict(n_token=32000, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024,
                           tgt_len=64, mem_len=64, batch=16, cutoffs=[2000, 8000], div_val=2),
 }
 
 
-def softmax_macs_per_token(c):
-    """Multiply-adds of the output layer per token: `d V` for a full softmax; for an adaptive
-    one (div_val > 1, a projection per cluster), the head plus each tail weighted by how
-    often its tokens occur in the benchmark's uniform random data (size / V)."""
-    d, V, cutoffs = c["d_model"], c["n_token"], c["cutoffs"]
-    if not cutoffs:
-        return d * V
-    bounds = [0] + list(cutoffs) + [V]
-    macs = 0.0
-    for i in range(len(bounds) - 1):
-        size, width = bounds[i + 1] - bounds[i], d // c["div_val"] ** i
-        columns = size + (len(cutoffs) if i == 0 else 0)
-        share = 1.0 if i == 0 else size / V
-        macs += share * (d * width + width * columns)
-    return macs
+def model_config(c, **changes):
+    """The TransformerXLConfig of a benchmark config dict."""
+    return TransformerXLConfig(**{**{k: v for k, v in c.items() if k != "batch"}, **changes})
 
 
 def model_flops_per_token(c, training=True, mem_len=None, tgt_len=None):
-    """6 N_nonembedding + 6 d V + 18 L d (m + (q + 1) / 2) (training; a third of it for
-    a forward pass), the formula of the reference; `d V` becomes the adaptive softmax's
-    multiply-adds when there are cutoffs (`softmax_macs_per_token`)."""
-    d, L = c["d_model"], c["n_layer"]
-    m = c["mem_len"] if mem_len is None else mem_len
-    q = c["tgt_len"] if tgt_len is None else tgt_len
-    inner = c["n_head"] * c["d_head"]
-    n_nonembedding = L * (5 * d * inner + 2 * d * c["d_inner"] + c["d_inner"] + 5 * d)
-    flops = 6 * n_nonembedding + 6 * softmax_macs_per_token(c) + 18 * L * d * (m + (q + 1) / 2)
-    return flops if training else flops / 3
+    """The package's count (txl_keras.models.flops) for a benchmark config dict."""
+    return flops.model_flops_per_token(model_config(c), training, mem_len, tgt_len)
 
 
 def matmul_ceiling_gflops(sizes=(1024, 2048), repeats=8):

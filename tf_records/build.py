@@ -3,10 +3,10 @@
 import json
 import os
 
+from tf_records import files
 from tf_records.corpora import SPLITS, load_corpus
 from tf_records.download import download
 from tf_records.records import write_split
-from txl_keras.atomic_files import atomic_write_text
 
 VOCAB_FILE = "vocab.json"
 CORPUS_INFO_FILE = "corpus-info.json"
@@ -37,9 +37,9 @@ def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_h
     if do_download:
         download(dataset, data_dir, log=log)
     corpus = load_corpus(dataset, data_dir=data_dir, **corpus_options)
-    os.makedirs(records_dir, exist_ok=True)
-    corpus.vocab.save(os.path.join(records_dir, VOCAB_FILE))
-    atomic_write_text(os.path.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))
+    files.makedirs(records_dir)
+    corpus.vocab.save(files.join(records_dir, VOCAB_FILE))
+    files.atomic_write(files.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))
     for split in splits:
         ids = corpus.split_ids[split]()
         info = write_split(ids, records_dir, split, batches[split], tgt_len, num_hosts,
@@ -52,10 +52,11 @@ def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_h
 
 def load_corpus_info(records_dir):
     """`{"dataset", "vocab_size", "cutoffs"}` of built records (cutoffs include 0 and V)."""
-    path = os.path.join(records_dir, CORPUS_INFO_FILE)
+    path = files.join(records_dir, CORPUS_INFO_FILE)
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(files.read_text(path))
+    except ValueError as e:
+        raise ValueError(f"{path} is corrupt ({e}); rebuild the records.") from None
     except FileNotFoundError:
         raise FileNotFoundError(
             f"No {CORPUS_INFO_FILE} in {records_dir}; build the records with `python -m tf_records`."

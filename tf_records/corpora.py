@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 
+from tf_records import files
 from tf_records.vocabulary import Vocabulary
 
 SPLITS = ("train", "valid", "test")
@@ -54,10 +55,10 @@ class Corpus:
 def _need(data_dir, names, dataset, hint):
     """The first of `names` present in data_dir, or a clear error listing them."""
     for name in names:
-        path = os.path.join(data_dir, name)
-        if os.path.exists(path):
+        path = files.join(data_dir, name)
+        if files.exists(path):
             return path
-    listing = sorted(os.listdir(data_dir))[:20] if os.path.isdir(data_dir) else "(no such folder)"
+    listing = sorted(files.listdir(data_dir))[:20] if files.isdir(data_dir) else "(no such folder)"
     raise FileNotFoundError(
         f"{dataset}: expected one of {list(names)} in --data_dir={data_dir}; found {listing}. "
         f"{hint}"
@@ -88,12 +89,11 @@ def _read_maybe_zipped(data_dir, name, dataset):
     path = _need(data_dir, [name, name + ".zip"], dataset, _download_hint(dataset))
     if path.endswith(".zip"):
         try:
-            with zipfile.ZipFile(path) as archive:
+            with zipfile.ZipFile(io.BytesIO(files.read_bytes(path))) as archive:
                 return archive.read(name)
         except (zipfile.BadZipFile, KeyError) as e:
             raise ValueError(f"{path} is not a valid {dataset} archive ({e}); download it again.") from None
-    with open(path, "rb") as f:
-        return f.read()
+    return files.read_bytes(path)
 
 
 def _three_way(data, n_test):
@@ -127,8 +127,7 @@ def text8(data_dir, test_chars=ENWIK8_TEST_CHARS, vocab=None, **_):
 
 
 def _read_lines(path):
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
+    return files.read_text(path).splitlines()
 
 
 def _word_corpus(name, data_dir, pattern, lower_case, count_splits, vocab=None):
@@ -168,14 +167,13 @@ def lm1b(data_dir, num_shuffle=4, vocab=None, **_):
     shards shuffled `num_shuffle` times each (seed 123456, as the original), the heldout
     file for both valid and test."""
     vocab_path = _need(data_dir, ["1b_word_vocab.txt"], "lm1b", _download_hint("lm1b"))
-    with open(vocab_path, encoding="utf-8") as f:
-        symbols = [line.split()[0] for line in f if line.strip()]
+    symbols = [line.split()[0] for line in _read_lines(vocab_path) if line.strip()]
     vocab = vocab or Vocabulary(symbols, add_double_eos=True, unk_symbol="<UNK>" if "<UNK>" in symbols else None)
-    train_glob = os.path.join(data_dir, "training-monolingual.tokenized.shuffled", "news.en-*")
-    shards = sorted(glob.glob(train_glob))
+    train_glob = files.join(data_dir, "training-monolingual.tokenized.shuffled", "news.en-*")
+    shards = files.glob(train_glob)
     heldout = _need(
         data_dir,
-        [os.path.join("heldout-monolingual.tokenized.shuffled", "news.en.heldout-00000-of-00050"),
+        [files.join("heldout-monolingual.tokenized.shuffled", "news.en.heldout-00000-of-00050"),
          "news.en.heldout-00000-of-00050"],
         "lm1b",
         _download_hint("lm1b"),
@@ -218,13 +216,13 @@ def _file_split(relative_path):
     return "test" if bucket == 0 else "valid" if bucket == 1 else "train"
 
 
-def _split_files(files, root, level, max_bytes=None):
+def _split_files(paths, root, level, max_bytes=None):
     """LOCAL_SPLIT_RULE over files: whole files per split when there are many, so every
     split is a sample of the same kinds of file."""
-    if len(files) < FILE_SPLIT_MIN_FILES:
-        return _split_text(_read_files(files, max_bytes), level)
+    if len(paths) < FILE_SPLIT_MIN_FILES:
+        return _split_text(_read_files(paths, max_bytes), level)
     groups = {s: [] for s in SPLITS}
-    for path in files:
+    for path in paths:
         groups[_file_split(os.path.relpath(path, root))].append(path)
     budget = {s: None if not max_bytes else int(max_bytes * share)
               for s, share in (("train", 0.9), ("valid", 0.05), ("test", 0.05))}
@@ -258,23 +256,24 @@ def _local_corpus(name, parts, level, lower_case=False, min_freq=1):
 
 def text_files(pattern):
     """The files named by a file, a folder (recursively) or a glob, sorted."""
-    if os.path.isdir(pattern):
-        files = [os.path.join(root, f) for root, _, names in os.walk(pattern) for f in names]
-    elif os.path.isfile(pattern):
-        files = [pattern]
+    if files.isdir(pattern):
+        found = [files.join(root, f) for root, _, names in files.walk(pattern) for f in names]
+    elif files.isfile(pattern):
+        found = [pattern]
+    elif files.is_local(pattern):
+        found = glob.glob(pattern, recursive=True)
     else:
-        files = glob.glob(pattern, recursive=True)
-    files = sorted(f for f in files if os.path.isfile(f))
-    if not files:
+        found = files.glob(pattern)
+    found = sorted(f for f in found if files.isfile(f))
+    if not found:
         raise FileNotFoundError(f"--text={pattern!r} names no file (expected a file, a folder or a glob).")
-    return files
+    return found
 
 
-def _read_files(files, max_bytes=None):
+def _read_files(paths, max_bytes=None):
     out, total = io.StringIO(), 0
-    for path in files:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+    for path in paths:
+        text = files.read_bytes(path).decode("utf-8", errors="replace")
         out.write(text)
         if not text.endswith("\n"):
             out.write("\n")
@@ -287,22 +286,26 @@ def _read_files(files, max_bytes=None):
 
 def local_text(text, level="byte", lower_case=False, min_freq=1, max_bytes=None, **_):
     """Any local text: files in sorted order, split by LOCAL_SPLIT_RULE."""
-    files = text_files(text)
-    root = text if os.path.isdir(text) else os.path.dirname(os.path.commonpath([os.path.abspath(f) for f in files]))
-    parts = _split_files([os.path.abspath(f) for f in files], root, level, max_bytes)
+    found = text_files(text)
+    if files.is_local(text):
+        found = [os.path.abspath(f) for f in found]
+    root = text if files.isdir(text) else files.dirname(os.path.commonpath(found))
+    if files.is_local(text):
+        root = os.path.abspath(root)
+    parts = _split_files(found, root, level, max_bytes)
     return _local_corpus("text", parts, level, lower_case, min_freq)
 
 
 def stdlib_files():
     """The `.py` files of the running interpreter's standard library (no site-packages)."""
     root = sysconfig.get_paths()["stdlib"]
-    files = []
+    found = []
     for dirpath, dirnames, names in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
-        files.extend(os.path.join(dirpath, n) for n in sorted(names) if n.endswith(".py"))
-    if not files:
+        found.extend(os.path.join(dirpath, n) for n in sorted(names) if n.endswith(".py"))
+    if not found:
         raise FileNotFoundError(f"No Python sources under {root}; use --dataset=text --text=PATH instead.")
-    return files
+    return found
 
 
 def stdlib(level="byte", max_bytes=8_000_000, **_):
@@ -310,8 +313,8 @@ def stdlib(level="byte", max_bytes=8_000_000, **_):
     by file (LOCAL_SPLIT_RULE); with `max_bytes`, files are taken in crc32 order so the
     sample is not one alphabetical corner of the library."""
     root = sysconfig.get_paths()["stdlib"]
-    files = sorted(stdlib_files(), key=lambda p: zlib.crc32(os.path.relpath(p, root).encode("utf-8")))
-    return _local_corpus("stdlib", _split_files(files, root, level, max_bytes), level)
+    paths = sorted(stdlib_files(), key=lambda p: zlib.crc32(os.path.relpath(p, root).encode("utf-8")))
+    return _local_corpus("stdlib", _split_files(paths, root, level, max_bytes), level)
 
 
 def tfds_text(name, data_dir=None, level="char", lower_case=False, min_freq=1, download=False, **_):

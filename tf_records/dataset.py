@@ -1,11 +1,10 @@
 """TFRecords -> `tf.data` pipelines of per-replica `(inputs, targets)` stream batches."""
 
-import glob
 import json
-import os
 
 import tensorflow as tf
 
+from tf_records import files
 from tf_records.records import FORMAT, record_info_path
 
 
@@ -22,8 +21,8 @@ def load_record_info(records_dir, split, per_host_batch, tgt_len, num_hosts=1):
     """The record info of a split built for this layout, with clear errors when the
     records are missing, were built for another layout, or are damaged."""
     path = record_info_path(records_dir, split, per_host_batch, tgt_len, num_hosts)
-    if not os.path.exists(path):
-        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(records_dir, f"record_info-{split}.*.json")))
+    if not files.exists(path):
+        others = sorted(files.basename(p) for p in files.glob(files.join(records_dir, f"record_info-{split}.*.json")))
         if others:
             raise ValueError(
                 f"The {split} records in {records_dir} were built for another layout ({others}); "
@@ -31,21 +30,20 @@ def load_record_info(records_dir, split, per_host_batch, tgt_len, num_hosts=1):
                 f"num_hosts={num_hosts}. " + _rebuild_hint(split, per_host_batch, tgt_len, num_hosts)
             )
         raise FileNotFoundError(
-            f"No {split} records in {records_dir} (expected {os.path.basename(path)}). Build them "
+            f"No {split} records in {records_dir} (expected {files.basename(path)}). Build them "
             "with `python -m tf_records --dataset=... --records_dir=...`."
         )
     try:
-        with open(path) as f:
-            info = json.load(f)
-    except ValueError as e:
+        info = json.loads(files.read_text(path))
+    except (ValueError, files.StorageError) as e:
         raise ValueError(f"The record info {path} is corrupt ({e}); rebuild the records.") from None
     if info.get("format") != FORMAT:
         raise ValueError(f"{path} is not a txl_keras record info (format {info.get('format')!r}).")
     for entry in info["files"]:
-        file_path = os.path.join(records_dir, entry["name"])
-        if not os.path.exists(file_path):
+        file_path = files.join(records_dir, entry["name"])
+        if not files.exists(file_path):
             raise FileNotFoundError(f"Record file {file_path} listed in {path} is missing; rebuild the records.")
-        size = os.path.getsize(file_path)
+        size = files.size(file_path)
         if size != entry["bytes"]:
             raise ValueError(
                 f"Record file {file_path} has {size} bytes, not the {entry['bytes']} it was written "
@@ -97,7 +95,7 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
             f"has n_token={vocab_size}; build the model from the corpus info of these records."
         )
     entry = next(f for f in info["files"] if f["host"] == host_id)
-    path = os.path.join(info["records_dir"], entry["name"])
+    path = files.join(info["records_dir"], entry["name"])
     per_replica = batch // num_core_per_host
     ds = tf.data.TFRecordDataset(path).map(_parse)
     if repeat if repeat is not None else not info["evaluation"]:
@@ -141,7 +139,7 @@ def distributed_dataset_fn(info, num_core_per_host=None, repeat=None, vocab_size
 def verify_records(info):
     """Read every record once; a corrupt file raises an error that names it."""
     for entry in info["files"]:
-        path = os.path.join(info["records_dir"], entry["name"])
+        path = files.join(info["records_dir"], entry["name"])
         count = 0
         try:
             for _ in tf.data.TFRecordDataset(path).map(_parse):

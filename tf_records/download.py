@@ -6,7 +6,7 @@ import urllib.error
 import urllib.request
 import zipfile
 
-from txl_keras.atomic_files import atomic_path
+from tf_records import files
 
 # What the original getdata.sh fetches. Each entry: (url, file name, unpack?).
 SOURCES = {
@@ -35,7 +35,7 @@ EXPECTED_SIZE = {"enwik8": 100_000_000, "text8": 100_000_000}
 def fetch(url, path, timeout=30):
     """Download `url` to `path` atomically, with a clear error when offline."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, atomic_path(path) as tmp:
+        with urllib.request.urlopen(url, timeout=timeout) as response, files.local_output(path) as tmp:
             with open(tmp, "wb") as out:
                 while True:
                     chunk = response.read(1 << 20)
@@ -50,7 +50,7 @@ def fetch(url, path, timeout=30):
         ) from None
 
 
-def _verify(dataset, path):
+def _verify(dataset, path, source):
     if path.endswith(".zip"):
         try:
             with zipfile.ZipFile(path) as archive:
@@ -62,15 +62,15 @@ def _verify(dataset, path):
                     if size != EXPECTED_SIZE[dataset]:
                         raise ValueError(f"{dataset} has {size} bytes, expected {EXPECTED_SIZE[dataset]}")
         except (zipfile.BadZipFile, KeyError, ValueError) as e:
-            os.remove(path)
-            raise ValueError(f"The download {path} failed verification ({e}); it was removed, try again.") from None
+            files.remove(source)
+            raise ValueError(f"The download {source} failed verification ({e}); it was removed, try again.") from None
     elif path.endswith((".tgz", ".tar.gz")):
         try:
             with tarfile.open(path) as archive:
                 archive.getmembers()
         except tarfile.TarError as e:
-            os.remove(path)
-            raise ValueError(f"The download {path} failed verification ({e}); it was removed, try again.") from None
+            files.remove(source)
+            raise ValueError(f"The download {source} failed verification ({e}); it was removed, try again.") from None
 
 
 def _unpack(dataset, path, data_dir):
@@ -79,7 +79,7 @@ def _unpack(dataset, path, data_dir):
         with zipfile.ZipFile(path) as archive:
             for name in archive.namelist():
                 if wanted and name in wanted:
-                    with archive.open(name) as src, atomic_path(os.path.join(data_dir, os.path.basename(name))) as tmp:
+                    with archive.open(name) as src, files.local_output(files.join(data_dir, os.path.basename(name))) as tmp:
                         with open(tmp, "wb") as dst:
                             dst.write(src.read())
     else:
@@ -91,7 +91,7 @@ def _unpack(dataset, path, data_dir):
                     continue
                 target = os.path.basename(member.name) if wanted else member.name.split("/", 1)[-1]
                 src = archive.extractfile(member)
-                with atomic_path(os.path.join(data_dir, target)) as tmp:
+                with files.local_output(files.join(data_dir, target)) as tmp:
                     with open(tmp, "wb") as dst:
                         dst.write(src.read())
 
@@ -100,12 +100,13 @@ def download(dataset, data_dir, timeout=30, log=print):
     """Fetch, verify and unpack the raw files of a dataset into data_dir."""
     if dataset not in SOURCES:
         raise ValueError(f"No download source for {dataset!r}; sources exist for {sorted(SOURCES)}.")
-    os.makedirs(data_dir, exist_ok=True)
+    files.makedirs(data_dir)
     for url, name, unpack in SOURCES[dataset]:
-        path = os.path.join(data_dir, name)
-        if not os.path.exists(path):
+        path = files.join(data_dir, name)
+        if not files.exists(path):
             log(f"downloading {url}")
             fetch(url, path, timeout)
-        _verify(dataset, path)
-        if unpack:
-            _unpack(dataset, path, data_dir)
+        with files.local_input(path) as local:
+            _verify(dataset, local, path)
+            if unpack:
+                _unpack(dataset, local, data_dir)

@@ -13,12 +13,11 @@ file; replica `c` of a host with `C` cores owns rows `[c * B / C, (c + 1) * B / 
 
 import hashlib
 import json
-import os
 
 import numpy as np
 import tensorflow as tf
 
-from txl_keras.atomic_files import atomic_path, atomic_write_text
+from tf_records import files
 
 FORMAT = "txl_keras.records.v1"
 
@@ -28,7 +27,7 @@ def layout_name(split, per_host_batch, tgt_len, num_hosts):
 
 
 def record_info_path(records_dir, split, per_host_batch, tgt_len, num_hosts):
-    return os.path.join(records_dir, f"record_info-{layout_name(split, per_host_batch, tgt_len, num_hosts)}.json")
+    return files.join(records_dir, f"record_info-{layout_name(split, per_host_batch, tgt_len, num_hosts)}.json")
 
 
 def make_streams(ids, num_streams, evaluation, num_passes=1, seed=0):
@@ -71,25 +70,38 @@ def _example(block):
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_split(ids, records_dir, split, per_host_batch, tgt_len, num_hosts=1, vocab_size=None,
-                evaluation=None, num_passes=1, seed=0, dataset=None, log=print):
-    """Write a split's records for one layout and return its record info (a dict).
-
-    Each file is written atomically and the record info last, so an interrupted build
-    leaves nothing that reads as complete; a rerun rebuilds only missing or damaged
-    files.
-    """
-    if evaluation is None:
-        evaluation = split != "train"
-    for name, value in (("per_host_batch", per_host_batch), ("tgt_len", tgt_len), ("num_hosts", num_hosts)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"Expected `{name}` to be a positive integer. Received: {name}={value}")
-    flat = np.concatenate(ids) if isinstance(ids, list) else np.asarray(ids)  # concatenated once
+def _check_ids(flat, split, vocab_size):
     if vocab_size is not None and flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
         raise ValueError(
             f"Token ids of the {split} split are outside [0, {vocab_size}) "
             f"(min {flat.min()}, max {flat.max()}); the vocabulary and the ids disagree."
         )
+
+
+def _write_host_file(path, rows, starts, tgt_len):
+    """One host's chunks, written whole (see tf_records.files); returns its byte size."""
+    with files.local_output(path) as tmp:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            for t in starts:
+                writer.write(_example(rows[:, t: t + tgt_len + 1]))
+    return files.size(path)
+
+
+def write_split(ids, records_dir, split, per_host_batch, tgt_len, num_hosts=1, vocab_size=None,
+                evaluation=None, num_passes=1, seed=0, dataset=None, log=print):
+    """Write a split's records for one layout and return its record info (a dict).
+
+    Each file is written whole and the record info last (the commit marker), so an
+    interrupted build leaves nothing that reads as complete; a rerun rebuilds only
+    missing or damaged files.
+    """
+    if evaluation is None:
+        evaluation = split != "train"
+    for name, value in (("per_host_batch", per_host_batch), ("tgt_len", tgt_len), ("num_hosts", num_hosts)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"Expected `{name}` to be a positive integer. Received: {name}={value}")
+    flat = np.concatenate(ids) if isinstance(ids, list) else np.asarray(ids)  # concatenated once
+    _check_ids(flat, split, vocab_size)
     streams = make_streams(flat, num_hosts * per_host_batch, evaluation, num_passes, seed)
     starts = chunk_starts(streams.shape[1], tgt_len, evaluation)
     if not starts:
@@ -100,23 +112,26 @@ def write_split(ids, records_dir, split, per_host_batch, tgt_len, num_hosts=1, v
     base = layout_name(split, per_host_batch, tgt_len, num_hosts)
     info_path = record_info_path(records_dir, split, per_host_batch, tgt_len, num_hosts)
     fingerprint = hashlib.sha1(streams.tobytes()).hexdigest()
-    files = []
+    entries = []
     for host in range(num_hosts):
         name = f"{base}.host-{host}.tfrecords"
-        path = os.path.join(records_dir, name)
+        path = files.join(records_dir, name)
         rows = streams[host * per_host_batch: (host + 1) * per_host_batch]
-        expected = _previous_size(info_path, name, fingerprint)
-        if expected is not None and os.path.exists(path) and os.path.getsize(path) == expected:
-            files.append({"name": name, "host": host, "bytes": expected})
-            continue
-        with atomic_path(path) as tmp:
-            with tf.io.TFRecordWriter(tmp) as writer:
-                for t in starts:
-                    writer.write(_example(rows[:, t: t + tgt_len + 1]))
-        files.append({"name": name, "host": host, "bytes": os.path.getsize(path)})
-        log(f"wrote {path} ({len(starts)} chunks of {rows.shape[0]} rows)")
+        size = _previous_size(info_path, name, fingerprint)
+        if size is None or not files.exists(path) or files.size(path) != size:
+            size = _write_host_file(path, rows, starts, tgt_len)
+            log(f"wrote {path} ({len(starts)} chunks of {rows.shape[0]} rows)")
+        entries.append({"name": name, "host": host, "bytes": size})
+    info = _record_info(streams, starts, split, per_host_batch, tgt_len, num_hosts, evaluation,
+                        num_passes, vocab_size, dataset, fingerprint, entries)
+    files.atomic_write(info_path, json.dumps(info, indent=2))
+    return info
+
+
+def _record_info(streams, starts, split, per_host_batch, tgt_len, num_hosts, evaluation, num_passes,
+                 vocab_size, dataset, fingerprint, entries):
     targets = streams[:, 1:]
-    info = {
+    return {
         "format": FORMAT,
         "dataset": dataset,
         "split": split,
@@ -131,17 +146,14 @@ def write_split(ids, records_dir, split, per_host_batch, tgt_len, num_hosts=1, v
         "num_passes": num_passes,
         "vocab_size": vocab_size,
         "fingerprint": fingerprint,
-        "files": files,
+        "files": entries,
     }
-    atomic_write_text(info_path, json.dumps(info, indent=2))
-    return info
 
 
 def _previous_size(info_path, name, fingerprint):
     """The byte size a finished earlier build of the same streams recorded for a file."""
     try:
-        with open(info_path) as f:
-            info = json.load(f)
+        info = json.loads(files.read_text(info_path))
     except (OSError, ValueError):
         return None
     if info.get("fingerprint") != fingerprint:

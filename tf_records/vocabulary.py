@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from txl_keras.atomic_files import atomic_write_text
+from tf_records import files
 
 LEVELS = ("word", "char", "byte")
 FORMAT = "txl_keras.vocabulary.v1"
@@ -187,13 +187,12 @@ class Vocabulary:
         }
 
     def save(self, path):
-        atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
+        files.atomic_write(path, json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path):
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(files.read_text(path))
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"No vocabulary at {path}. Build the records first with `python -m tf_records`."

@@ -4,7 +4,7 @@ import pytest
 
 from txl_keras import TransformerXLConfig, TransformerXLLM
 from txl_keras.training.average_checkpoints import average_weights
-from txl_keras.training.checkpoints import save_checkpoint
+from txl_keras.run_folder import save_checkpoint
 
 
 def test_average_of_checkpoints_is_the_mean_of_their_weights(tmp_path):

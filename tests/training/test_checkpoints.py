@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from txl_keras.training import checkpoints
+from txl_keras import run_folder as checkpoints
 
 
 def small_model():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import ROOT, build, env, run, train_command
 
-from txl_keras.training import checkpoints
+from txl_keras import run_folder as checkpoints
 
 
 def final_weights(model_dir):

@@ -136,6 +136,13 @@ class TransformerXLConfig:
         """Table length of the learned position embeddings of attn_type 1 and 3."""
         return self.tgt_len + self.ext_len + self.mem_len
 
+    def with_memory(self, mem_len=None, clamp_len=None, same_length=None):
+        """A validated copy with the memory settings of evaluation or serving; `None`
+        keeps the config's value. The one place where such overrides are resolved."""
+        changes = {k: v for k, v in (("mem_len", mem_len), ("clamp_len", clamp_len),
+                                     ("same_length", same_length)) if v is not None}
+        return self.replace(**changes) if changes else self
+
     def replace(self, **changes):
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)

@@ -244,90 +244,108 @@ class TransformerXL(keras.Model):
 
     def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None,
              same_length=None, memory_valid=None, cache_kv=False, memory_kv=None):
-        c = self.config
         self._check_inputs(tokens, mems)
         cache_kv = cache_kv or memory_kv is not None
         if cache_kv:
             self._check_memory_kv(memory_kv, mems)
-        if mem_len is not None and self.stateful and mem_len != c.mem_len:
+        if mem_len is not None and self.stateful and mem_len != self.config.mem_len:
             raise ValueError(
-                f"A stateful model keeps mem_len={c.mem_len}; use a stateless model "
+                f"A stateful model keeps mem_len={self.config.mem_len}; use a stateless model "
                 f"(stateful=False) to run with mem_len={mem_len}."
             )
-        mem_len = c.mem_len if mem_len is None else mem_len
-        clamp_len = c.clamp_len if clamp_len is None else clamp_len
-        same_length = c.same_length if same_length is None else same_length
-
+        settings = self.config.with_memory(mem_len, clamp_len, same_length)
         if self.stateful:
             mems, memory_valid = self.memory.read()
         elif mems is None:
-            mems = self.memory.initial_memories(ops.shape(tokens)[0]) if mem_len else None
+            mems = self.memory.initial_memories(ops.shape(tokens)[0]) if settings.mem_len else None
         if cache_kv and memory_kv is None and mems is not None:
             memory_kv = self.memory_kv(mems)
-        current_kv = []
+
+        hidden, layer_inputs, current_kv = self._forward_layers(
+            tokens, mems, memory_kv, memory_valid, settings, cache_kv, training)
+        out = {"hidden": self.out_dropout(hidden, training=training),
+               "mems": self.memory(layer_inputs, mems, mem_len=settings.mem_len)}
+        if cache_kv:  # the same update as the memory's, applied to its keys and values
+            out["memory_kv"] = self.memory(current_kv, memory_kv, mem_len=settings.mem_len)
+        if memory_valid is not None:
+            query_length = ops.shape(tokens)[1]
+            out["memory_valid"] = ops.minimum(settings.mem_len, memory_valid + query_length - settings.ext_len)
+            if self.stateful:
+                self.memory.write(out["mems"], out["memory_valid"])
+        return out
+
+    def _forward_layers(self, tokens, mems, memory_kv, memory_valid, settings, cache_kv, training):
+        """Embedding and the blocks: `(hidden, each layer's input, each layer's current
+        keys and values)`."""
+        c = settings
         query_length = ops.shape(tokens)[1]
         memory_length = 0 if mems is None else ops.shape(mems[0])[1]
-        key_length = memory_length + query_length
-
         max_distance = None
-        if same_length:
-            max_distance = mem_len if c.same_length_convention == "tf" else mem_len - 1
+        if c.same_length:
+            max_distance = c.mem_len if c.same_length_convention == "tf" else c.mem_len - 1
         mask = causal_attention_mask(query_length, memory_length, memory_valid, max_distance)
+        positions = relative_positions(memory_length + query_length)
+        pos_emb = self.pos_emb(positions, clamp_len=c.clamp_len) if c.attn_type in (0, 2) else None
 
         hidden = self.word_emb(tokens)
-        layer_inputs = []
-        positions = relative_positions(key_length)
-        if c.attn_type in (0, 2):
-            pos_emb = self.pos_emb(positions, clamp_len=clamp_len)
         if c.attn_type == 2:
             hidden = hidden + pos_emb[memory_length:]
         hidden = self.emb_dropout(hidden, training=training)
         if c.attn_type == 0:
             pos_emb = self.pos_dropout(pos_emb, training=training)
-        elif c.attn_type == 1:
-            rows = self._learned_relative_rows(positions, clamp_len)
-        elif c.attn_type == 3:
-            rows = ops.maximum(ops.arange(key_length) + (c.max_klen - key_length), 0)
+        rows = self._position_rows(positions, memory_length + query_length, c.clamp_len)
 
+        layer_inputs, current_kv = [], []
         for i, block in enumerate(self.blocks):
             layer_inputs.append(hidden)
             memory = None if mems is None else mems[i]
-            kwargs = {}
-            if c.attn_type == 0:
-                kwargs = dict(
-                    position_encoding=pos_emb,
-                    content_bias=self.r_w_bias[i] if c.untie_r else self.r_w_bias,
-                    position_bias=self.r_r_bias[i] if c.untie_r else self.r_r_bias,
-                )
-            elif c.attn_type == 1:
-                kwargs = dict(
-                    position_encoding=ops.take(self.r_emb[i], rows, axis=0),
-                    content_bias=self.r_w_bias[i],
-                    position_score_bias=ops.take(self.r_bias[i], rows, axis=0),
-                )
-            elif c.attn_type == 2 and i == 0 and memory is not None:
-                memory = ops.cast(memory, self.compute_dtype) + pos_emb[:memory_length]
-            elif c.attn_type == 3:
-                absolute = ops.cast(ops.take(self.r_emb[i], rows, axis=0), self.compute_dtype)
-                hidden = hidden + absolute[memory_length:]
-                if memory is not None:
-                    memory = ops.cast(memory, self.compute_dtype) + absolute[:memory_length]
+            hidden, memory = self._add_absolute_positions(i, hidden, memory, memory_length, pos_emb, rows)
+            kwargs = self._relative_position_inputs(i, pos_emb, rows)
             if cache_kv:
                 current_kv.append(block.attention.project_kv(hidden))
                 kwargs["context_kv"] = current_kv[-1] if memory_kv is None else ops.concatenate(
                     [ops.cast(memory_kv[i], self.compute_dtype), current_kv[-1]], axis=1)
             hidden = block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs)
+        return hidden, layer_inputs, current_kv
 
-        new_mems = self.memory(layer_inputs, mems, mem_len=mem_len)
-        hidden = self.out_dropout(hidden, training=training)
-        out = {"hidden": hidden, "mems": new_mems}
-        if cache_kv:  # the same update as the memory's, applied to its keys and values
-            out["memory_kv"] = self.memory(current_kv, memory_kv, mem_len=mem_len)
-        if memory_valid is not None:
-            out["memory_valid"] = ops.minimum(mem_len, memory_valid + query_length - c.ext_len)
-            if self.stateful:
-                self.memory.write(new_mems, out["memory_valid"])
-        return out
+    def _position_rows(self, positions, key_length, clamp_len):
+        """Rows of the learned position tables (attn_type 1 and 3), else None."""
+        c = self.config
+        if c.attn_type == 1:
+            return self._learned_relative_rows(positions, clamp_len)
+        if c.attn_type == 3:
+            return ops.maximum(ops.arange(key_length) + (c.max_klen - key_length), 0)
+        return None
+
+    def _relative_position_inputs(self, i, pos_emb, rows):
+        """Layer `i`'s position arguments of `RelativeAttention` (attn_type 0 and 1)."""
+        c = self.config
+        if c.attn_type == 0:
+            return dict(
+                position_encoding=pos_emb,
+                content_bias=self.r_w_bias[i] if c.untie_r else self.r_w_bias,
+                position_bias=self.r_r_bias[i] if c.untie_r else self.r_r_bias,
+            )
+        if c.attn_type == 1:
+            return dict(
+                position_encoding=ops.take(self.r_emb[i], rows, axis=0),
+                content_bias=self.r_w_bias[i],
+                position_score_bias=ops.take(self.r_bias[i], rows, axis=0),
+            )
+        return {}
+
+    def _add_absolute_positions(self, i, hidden, memory, memory_length, pos_emb, rows):
+        """Absolute positions added to layer `i`'s input and memory (attn_type 2: the
+        sinusoid, to the first layer's memory; 3: a learned table per layer)."""
+        c = self.config
+        if c.attn_type == 2 and i == 0 and memory is not None:
+            memory = ops.cast(memory, self.compute_dtype) + pos_emb[:memory_length]
+        elif c.attn_type == 3:
+            absolute = ops.cast(ops.take(self.r_emb[i], rows, axis=0), self.compute_dtype)
+            hidden = hidden + absolute[memory_length:]
+            if memory is not None:
+                memory = ops.cast(memory, self.compute_dtype) + absolute[:memory_length]
+        return hidden, memory
 
     def _learned_relative_rows(self, positions, clamp_len):
         """attn_type 1: table row of each descending distance (far distances share the

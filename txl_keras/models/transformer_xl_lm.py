@@ -139,12 +139,6 @@ class TransformerXLLM(keras.Model):
             loss = loss + ops.cast(extra, loss.dtype)
         return loss
 
-    def generate(self, prompt, max_new_tokens, **kwargs):
-        """Continue token ids; see `txl_keras.generate.generate` (TensorFlow backend)."""
-        from txl_keras.generate import generate
-
-        return generate(self, prompt, max_new_tokens, **kwargs)
-
     def reset_memory(self):
         """Clear the memory of a stateful model (start new streams)."""
         self.backbone.reset_memory()

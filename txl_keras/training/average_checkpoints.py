@@ -4,40 +4,43 @@
         --output=runs/wt103/averaged.weights.h5
 """
 
-import os
+import contextlib
 
 import h5py
 import numpy as np
 from absl import app, flags
 
-from txl_keras.atomic_files import atomic_path
-from txl_keras.training.checkpoints import list_checkpoints, weights_path
+from tf_records import files
+from txl_keras.run_folder import list_checkpoints, weights_path
 
 
 def average_weights(paths, output):
     """Write the element-wise mean of Keras weight files of one model to `output`."""
     if not paths:
         raise ValueError("No checkpoint to average.")
-    files = [h5py.File(weights_path(p), "r") for p in paths]
-    try:
-        names = []
-        files[0].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-        for f, p in zip(files[1:], paths[1:]):
-            other = []
-            f.visititems(lambda n, o: other.append(n) if isinstance(o, h5py.Dataset) else None)
-            if sorted(other) != sorted(names):
-                raise ValueError(f"{p} holds other weights than {paths[0]}; average checkpoints of one model.")
-        with atomic_path(output) as tmp:
-            with h5py.File(tmp, "w") as out:
-                for key, value in files[0].attrs.items():
-                    out.attrs[key] = value
-                files[0].visititems(lambda n, o: _copy_group(n, o, out))
-                for name in names:
-                    mean = np.mean([np.asarray(f[name][()], np.float64) for f in files], axis=0)
-                    out[name][...] = mean.astype(files[0][name].dtype)
-    finally:
-        for f in files:
-            f.close()
+    with contextlib.ExitStack() as stack:
+        sources = [h5py.File(stack.enter_context(files.local_input(weights_path(p))), "r") for p in paths]
+        for f in sources:
+            stack.callback(f.close)
+        return _write_mean(sources, paths, output)
+
+
+def _write_mean(sources, paths, output):
+    names = []
+    sources[0].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    for f, p in zip(sources[1:], paths[1:]):
+        other = []
+        f.visititems(lambda n, o: other.append(n) if isinstance(o, h5py.Dataset) else None)
+        if sorted(other) != sorted(names):
+            raise ValueError(f"{p} holds other weights than {paths[0]}; average checkpoints of one model.")
+    with files.local_output(output) as tmp:
+        with h5py.File(tmp, "w") as out:
+            for key, value in sources[0].attrs.items():
+                out.attrs[key] = value
+            sources[0].visititems(lambda n, o: _copy_group(n, o, out))
+            for name in names:
+                mean = np.mean([np.asarray(f[name][()], np.float64) for f in sources], axis=0)
+                out[name][...] = mean.astype(sources[0][name].dtype)
     return output
 
 
@@ -64,7 +67,7 @@ def main(argv):
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
     found = list_checkpoints(FLAGS.model_dir)[-FLAGS.num_last:]
-    output = FLAGS.output or os.path.join(FLAGS.model_dir, "averaged.weights.h5")
+    output = FLAGS.output or files.join(FLAGS.model_dir, "averaged.weights.h5")
     average_weights([p for _, p in found], output)
     print(f"averaged steps {[s for s, _ in found]} -> {output}")
 

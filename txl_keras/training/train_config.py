@@ -1,53 +1,124 @@
-"""`TrainConfig`: the training and evaluation settings of one run."""
+"""`TrainConfig`: the training and evaluation settings of one run, and run presets.
+
+The dataclass is the one source of the defaults: the trainers' command-line flags are
+derived from its fields (name, type, default and help), so a Python user and a
+command-line user get the same run.
+"""
 
 import dataclasses
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+LR_SCHEDULES = ("cosine", "inv_sqrt", "constant")
+EVAL_SPLITS = ("valid", "test")
+
+
+def _field(default, help, choices=None):
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Settings of the shared training loop (named as the original flags).
+    """Settings of the shared training loop (named as the original flags; defaults of
+    the original scripts).
 
     Batch sizes are per host, as in the original; each replica gets
     `batch_size // num_core_per_host` streams.
     """
 
-    model_dir: str
-    records_dir: str
-    train_batch_size: int = 60
-    eval_batch_size: int = 60
-    learning_rate: float = 2.5e-4
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 0
-    train_steps: int = 100000
-    min_lr_ratio: float = 0.004
-    clip: float = 0.25
-    batch_chunk: int = 1
-    iterations: int = 200
-    save_steps: int = 1000
-    keep_checkpoint_max: int = 5
-    precision: str = "float32"
-    xla: bool = False
-    seed: int = 1111
-    deterministic: bool = True
-    warm_start_path: str = None
-    skip_nonfinite: bool = False
-    eval_split: str = "valid"
-    eval_tgt_len: int = None
-    eval_mem_len: int = None
-    eval_clamp_len: int = None
-    eval_same_length: bool = None
-    max_eval_batch: int = -1
+    model_dir: str = _field(None, "Run folder: config.json, checkpoints, summaries (any tf.io.gfile path).")
+    records_dir: str = _field(None, "Folder of the TFRecords (--data_dir on the command line).")
+    train_batch_size: int = _field(60, "Streams per host per step.")
+    eval_batch_size: int = _field(60, "Streams per host in evaluation.")
+    learning_rate: float = _field(2.5e-4, "Peak learning rate (> 0).")
+    lr_schedule: str = _field("cosine", "Decay after warmup.", LR_SCHEDULES)
+    warmup_steps: int = _field(0, "Linear warmup steps (>= 0).")
+    train_steps: int = _field(100000, "Steps to train (>= 1).")
+    min_lr_ratio: float = _field(0.004, "Cosine decays to learning_rate * min_lr_ratio (in [0, 1]).")
+    clip: float = _field(0.25, "Clip gradients to this global norm (> 0; 0 switches clipping off).")
+    batch_chunk: int = _field(1, "Split each replica's batch into this many pieces (gradient accumulation).")
+    iterations: int = _field(200, "Steps per host-loop call, and the logging interval.")
+    save_steps: int = _field(1000, "Save a checkpoint every this many steps (0: only at the end).")
+    keep_checkpoint_max: int = _field(5, "Checkpoints to keep (>= 1).")
+    precision: str = _field("float32", "Compute precision; mixed_bfloat16 on TPUs (loss and softmax stay "
+                            "float32).", PRECISIONS)
+    xla: bool = _field(False, "XLA-compile the forward and backward pass (always on under TPUStrategy).")
+    seed: int = _field(1111, "Random seed.")
+    deterministic: bool = _field(True, "Deterministic ops (needed for bit-exact resume).")
+    warm_start_path: str = _field(None, "Start from these weights (checkpoint folder or .weights.h5); "
+                                  "not the optimizer or the step.")
+    skip_nonfinite: bool = _field(False, "Skip steps with a non-finite loss instead of stopping.")
+    eval_split: str = _field("valid", "Split to evaluate.", EVAL_SPLITS)
+    eval_tgt_len: int = _field(None, "Evaluation segment length (default tgt_len).")
+    eval_mem_len: int = _field(None, "Evaluation memory length (default mem_len).")
+    eval_clamp_len: int = _field(None, "Evaluation clamp_len (default clamp_len).")
+    eval_same_length: bool = _field(None, "Evaluation same_length (default same_length).")
+    max_eval_batch: int = _field(-1, "Evaluate at most this many batches (-1: the whole split).")
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"Expected `precision` in {PRECISIONS}. Received: {self.precision!r}")
-        for name in ("train_batch_size", "eval_batch_size", "train_steps", "iterations", "batch_chunk"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"Expected `{name}` to be positive. Received: {name}={getattr(self, name)}")
+        self.validate()
+
+    def _fail(self, name, expected):
+        raise ValueError(f"Expected `{name}` to be {expected}. Received: {name}={getattr(self, name)!r}")
+
+    def validate(self):
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), f.type
+            if value is None:
+                if f.default is not None:
+                    self._fail(f.name, f"a {kind.__name__}")
+                continue
+            ok = isinstance(value, bool) if kind is bool else (
+                isinstance(value, kind) and not isinstance(value, bool) or
+                (kind is float and isinstance(value, int) and not isinstance(value, bool)))
+            if not ok:
+                self._fail(f.name, f"a {kind.__name__}")
+            if f.metadata.get("choices") and value not in f.metadata["choices"]:
+                self._fail(f.name, f"one of {f.metadata['choices']}")
+        for name in ("train_batch_size", "eval_batch_size", "train_steps", "iterations", "batch_chunk",
+                     "keep_checkpoint_max"):
+            if getattr(self, name) < 1:
+                self._fail(name, "a positive integer")
+        for name in ("warmup_steps", "save_steps"):
+            if getattr(self, name) < 0:
+                self._fail(name, "a non-negative integer")
+        if not self.learning_rate > 0:
+            self._fail("learning_rate", "> 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            self._fail("min_lr_ratio", "in [0, 1]")
+        if not self.clip >= 0:
+            self._fail("clip", ">= 0 (0 switches clipping off)")
+        if self.max_eval_batch == 0 or self.max_eval_batch < -1:
+            self._fail("max_eval_batch", "-1 (the whole split) or a positive integer")
+        for name in ("eval_tgt_len",):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                self._fail(name, "a positive integer")
+        if self.eval_mem_len is not None and self.eval_mem_len < 0:
+            self._fail("eval_mem_len", "a non-negative integer")
         if self.train_batch_size % self.batch_chunk:
             raise ValueError(
                 f"`batch_chunk`={self.batch_chunk} must divide the per-replica batch; "
                 f"train_batch_size={self.train_batch_size}."
             )
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        """The settings of a run preset (see `RUN_PRESETS`) with fields overridden."""
+        if name not in RUN_PRESETS:
+            raise ValueError(f"Unknown run preset {name!r}. Available: {sorted(RUN_PRESETS)}")
+        return cls(**{**RUN_PRESETS[name]["train"], **overrides})
+
+
+# A run preset: a model preset and the training settings that go with it.
+RUN_PRESETS = {
+    # The README's first command: 3-4 minutes on 2 CPU cores; evaluation on 200 batches
+    # (part of the validation split, and the log says so).
+    "quickstart": {
+        "model": "cpu_small",
+        "dataset": "stdlib",
+        "train": dict(model_dir="runs/quickstart", learning_rate=1e-3, warmup_steps=100, train_batch_size=16,
+                      eval_batch_size=16, train_steps=1200, iterations=100, save_steps=400, max_eval_batch=200),
+    },
+}

@@ -9,7 +9,6 @@ in checkpoints with everything else needed to resume bit for bit.
 """
 
 import math
-import os
 import sys
 import time
 
@@ -17,10 +16,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_records import distributed_dataset_fn, load_record_info
+from tf_records import distributed_dataset_fn, files, load_record_info
+from txl_keras import run_folder
 from txl_keras.layers.memory_cache import MemoryCache
+from txl_keras.models.flops import model_flops_per_token
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
-from txl_keras.training import checkpoints
 from txl_keras.training.optimizer import Adam
 from txl_keras.training.schedule import learning_rate
 
@@ -29,6 +29,11 @@ LN2 = math.log(2.0)
 
 class NonFiniteLossError(RuntimeError):
     pass
+
+
+def is_compiled(strategy, train_config):
+    """Whether the steps are XLA-compiled: always under TPUStrategy, else with --xla."""
+    return isinstance(strategy, tf.distribute.TPUStrategy) or bool(train_config.xla)
 
 
 def _progress(total, title, log):
@@ -61,15 +66,22 @@ class Trainer:
         num_hosts: input pipelines (workers / TPU hosts); the records must match.
         is_chief: whether this worker writes logs and summaries.
         log: a print-like function.
+        compiled: whether every step is XLA-compiled (default: under TPUStrategy, or with
+            `train_config.xla`); it selects the static-shape paths (the adaptive
+            softmax's dense tail).
     """
 
-    def __init__(self, strategy, model_config, train_config, num_hosts=1, is_chief=True, log=print):
+    def __init__(self, strategy, model_config, train_config, num_hosts=1, is_chief=True, log=print,
+                 compiled=None):
         self.strategy = strategy
         self.config = model_config
         self.tc = train_config
         self.num_hosts = num_hosts
         self.is_chief = is_chief
         self.log = log if is_chief else (lambda *a, **k: None)
+        if train_config.model_dir is None or train_config.records_dir is None:
+            raise ValueError("TrainConfig needs `model_dir` (the run folder) and `records_dir` (the records).")
+        self.compiled = is_compiled(strategy, train_config) if compiled is None else bool(compiled)
         self.replicas = strategy.num_replicas_in_sync
         self.cores = self.replicas // num_hosts
         for name in ("train_batch_size", "eval_batch_size"):
@@ -85,7 +97,7 @@ class Trainer:
         keras.utils.set_random_seed(train_config.seed)
         with strategy.scope():
             self.model = TransformerXLLM(
-                model_config, tail_mode="dense" if train_config.xla else "auto",
+                model_config, tail_mode="dense" if self.compiled else "auto",
                 dtype=train_config.precision, name="transformer_xl_lm",
             )
             self.model.build((None, model_config.tgt_len))
@@ -96,6 +108,7 @@ class Trainer:
                                           trainable=False, name="loss_scale")
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
         self.seed_states = [v for v in self.model.variables if "seed_generator_state" in v.path]
+        self.flops_per_token = model_flops_per_token(model_config)
         self._train_fn = None
         self._iterator = None  # [step it is positioned at, distributed iterator]
         self._started = False
@@ -147,8 +160,9 @@ class Trainer:
                           tf.where(forward_ok, new_valid, valid))
         gnorm = tf.linalg.global_norm(grads)
         finite = tf.math.is_finite(gnorm) & forward_ok
-        clipped, _ = tf.clip_by_global_norm(grads, self.tc.clip, use_norm=gnorm)
-        return clipped, nll_total / global_tokens, gnorm, finite
+        if self.tc.clip > 0:
+            grads, _ = tf.clip_by_global_norm(grads, self.tc.clip, use_norm=gnorm)
+        return grads, nll_total / global_tokens, gnorm, finite
 
     def _build_train_fn(self):
         tc = self.tc
@@ -201,7 +215,7 @@ class Trainer:
         iterator = self._iterator[1]
         if self._train_fn is None:
             self._train_fn = self._build_train_fn()
-        writer = tf.summary.create_file_writer(os.path.join(tc.model_dir, "train")) if self.is_chief else None
+        writer = tf.summary.create_file_writer(files.join(tc.model_dir, "train")) if self.is_chief else None
         tokens_per_step = tc.train_batch_size * self.num_hosts * self.config.tgt_len
         step = int(self.step.numpy())
         self.log(f"training from step {step} to {tc.train_steps}: {self.replicas} replicas, "
@@ -226,12 +240,15 @@ class Trainer:
             loss, gnorm = float(loss_sum) / done, float(gnorm_sum) / done
             lr = float(learning_rate(step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
                                      tc.min_lr_ratio, tc.lr_schedule))
+            tokens_per_s = tokens_per_step * (boundary - step + done) / max(elapsed, 1e-9)
             self.log(f"step {step:>7d} | lr {lr:.3e} | loss {loss:.4f} | ppl {math.exp(min(loss, 50)):9.3f} | "
-                     f"bpc {loss / LN2:.4f} | gnorm {gnorm:.3f} | "
-                     f"tok/s {tokens_per_step * (boundary - step + done) / max(elapsed, 1e-9):,.0f}")
+                     f"bpc {loss / LN2:.4f} | gnorm {gnorm:.3f} | tok/s {tokens_per_s:,.0f} | "
+                     f"model GFLOP/s {tokens_per_s * self.flops_per_token / 1e9:,.1f}")
             if writer:
                 with writer.as_default(step=step):
-                    for name, value in (("loss", loss), ("lr", lr), ("gnorm", gnorm), ("bpc", loss / LN2)):
+                    for name, value in (("loss", loss), ("lr", lr), ("gnorm", gnorm), ("bpc", loss / LN2),
+                                        ("tokens_per_s", tokens_per_s),
+                                        ("model_flops_per_s", tokens_per_s * self.flops_per_token)):
                         _scalar_summary(name, value)
             if tc.save_steps and (step % tc.save_steps == 0 or step >= tc.train_steps):
                 self.save()
@@ -256,10 +273,10 @@ class Trainer:
         if self.is_chief:
             return self.tc.model_dir
         worker = self.strategy.cluster_resolver.task_id
-        return os.path.join(self.tc.model_dir, f"worker-{worker}")
+        return files.join(self.tc.model_dir, f"worker-{worker}")
 
     def save(self):
-        path = checkpoints.save_checkpoint(self._worker_dir(), int(self.step.numpy()), self.model,
+        path = run_folder.save_checkpoint(self._worker_dir(), int(self.step.numpy()), self.model,
                                            self._state(), self.tc.keep_checkpoint_max)
         self.log(f"saved {path}")
         return path
@@ -267,8 +284,8 @@ class Trainer:
     def restore(self, path):
         """Restore weights, optimizer, step, randomness and every replica's memory."""
         self._started = True
-        self.model.load_weights(checkpoints.weights_path(path))
-        state = checkpoints.load_state(path)
+        state = run_folder.load_state(path)
+        run_folder.load_weights(self.model, path)
         self.step.assign(int(state["step"]))
         self.loss_scale.assign(float(state["loss_scale"]))
         self.good_steps.assign(int(state["good_steps"]))
@@ -293,52 +310,54 @@ class Trainer:
     def load_weights(self, path):
         """Only the model weights of a checkpoint folder or a .weights.h5 (evaluation, or
         a converted model whose checkpoint has no training state)."""
-        self.model.load_weights(checkpoints.weights_path(path))
+        run_folder.load_weights(self.model, path)
 
     def restore_or_warm_start(self):
-        """Resume from the latest checkpoint of this worker, else warm-start if asked."""
+        """Resume from the latest checkpoint of this worker, else warm-start if asked.
+        Returns whether weights were loaded."""
         self._started = True
-        step, path = checkpoints.latest_checkpoint(self._worker_dir())
+        step, path = run_folder.latest_checkpoint(self._worker_dir())
         if path:
             self.restore(path)
             self.log(f"resumed from {path} (step {step})")
         elif self.tc.warm_start_path:
             self.load_weights(self.tc.warm_start_path)
             self.log(f"warm start from {self.tc.warm_start_path}")
+        return bool(path or self.tc.warm_start_path)
 
     # -- evaluation ------------------------------------------------------------------------
 
     @property
     def eval_uses_xla(self):
-        """Evaluation is XLA-compiled with --xla, and by default when the softmax has
-        static shapes (no cutoffs): about +25% tokens/s on CPU (bench/eval_throughput.py)."""
-        return self.tc.xla or not self.config.cutoffs
+        """Evaluation is XLA-compiled when the steps are (TPU, --xla), and by default when
+        the softmax has static shapes (no cutoffs): about +25% tokens/s on CPU
+        (bench/eval_throughput.py)."""
+        return self.compiled or not self.config.cutoffs
 
-    def evaluate(self, split=None, progress=True):
-        """Score every target of a split exactly once with the evaluation settings.
+    def eval_settings(self):
+        """The model config with the evaluation memory settings, and the eval tgt_len."""
+        tc = self.tc
+        settings = self.config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
+        return settings, tc.eval_tgt_len or self.config.tgt_len
 
-        Returns `{"loss", "ppl", "bpc", "tokens", "expected_tokens"}`; `tokens` equals the
-        split's `num_targets` unless `max_eval_batch` cut the pass short.
-        """
-        tc, c = self.tc, self.config
-        split = split or tc.eval_split
-        tgt_len = tc.eval_tgt_len or c.tgt_len
-        mem_len = c.mem_len if tc.eval_mem_len is None else tc.eval_mem_len
-        clamp_len = c.clamp_len if tc.eval_clamp_len is None else tc.eval_clamp_len
-        same_length = c.same_length if tc.eval_same_length is None else tc.eval_same_length
-        info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
+    def eval_step_fn(self, settings):
+        """`replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over replicas
+        (float32, int32), with each replica's memory (and the memory's keys and values) in
+        variables that start empty now."""
+        batch = self.tc.eval_batch_size // self.cores
         # With relative positions the memory's keys and values are kept, not recomputed
         # every segment (the weights do not change): ~1.5x fewer FLOPs at mem_len 5 tgt_len.
-        cache_kv = self.model.backbone.can_cache_kv and mem_len > 0
-        batch = tc.eval_batch_size // self.cores
+        cache_kv = self.model.backbone.can_cache_kv and settings.mem_len > 0
         with self.strategy.scope():
-            memory = self._memory(mem_len, batch)
-            kv_memory = self._memory(mem_len, batch, 2 * c.n_head * c.d_head) if cache_kv else None
+            memory = self._memory(settings.mem_len, batch)
+            kv_memory = self._memory(settings.mem_len, batch, 2 * settings.n_head * settings.d_head) \
+                if cache_kv else None
         model = self.model
+        overrides = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
 
         def forward(inputs, targets, mems, kvs, valid):
-            out = model(inputs, targets=targets, mems=mems, memory_valid=valid, mem_len=mem_len,
-                        clamp_len=clamp_len, same_length=same_length, memory_kv=kvs, training=False)
+            out = model(inputs, targets=targets, mems=mems, memory_valid=valid, memory_kv=kvs, training=False,
+                        **overrides)
             return out["nll"], out["mems"], out.get("memory_kv"), out["memory_valid"]
 
         if self.eval_uses_xla:
@@ -359,30 +378,46 @@ class Trainer:
             memory.write(new_mems, new_valid)
             if cache_kv:
                 kv_memory.write(new_kvs, new_valid)
-            nll = tf.reduce_sum(tf.where(mask, nll, 0.0))
             context = tf.distribute.get_replica_context()
-            return (context.all_reduce(tf.distribute.ReduceOp.SUM, nll),
-                    context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(mask, tf.float64))))
+            # float32 sums per batch, int32 counts (TPUs have no float64); the host adds
+            # the batches up in Python floats.
+            return (context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.where(mask, nll, 0.0))),
+                    context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(mask, tf.int32))))
+
+        return replica_eval
+
+    def evaluate(self, split=None, progress=True):
+        """Score every target of a split exactly once with the evaluation settings.
+
+        Returns `{"loss", "ppl", "bpc", "tokens", "expected_tokens", "split"}`; `tokens`
+        equals the split's `num_targets` unless `max_eval_batch` cut the pass short.
+        """
+        tc = self.tc
+        split = split or tc.eval_split
+        settings, tgt_len = self.eval_settings()
+        info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
+        replica_eval = self.eval_step_fn(settings)
 
         @tf.function
         def eval_step(inputs, targets):
             nll, count = self.strategy.run(replica_eval, args=(inputs, targets))
             return self._local(nll)[0], self._local(count)[0]
 
-        fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=c.n_token)
+        fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=settings.n_token)
         dataset = self.strategy.distribute_datasets_from_function(fn)
         batches = info["num_batch"] if tc.max_eval_batch <= 0 else min(tc.max_eval_batch, info["num_batch"])
         report = _progress(batches, f"eval {split}", self.log if progress else None)
-        total, count = 0.0, 0.0
+        total, count = 0.0, 0
         for i, (inputs, targets) in enumerate(dataset):
             if i >= batches:
                 break
             nll, n = eval_step(inputs, targets)
-            total, count = total + float(nll), count + float(n)
-            report(i + 1, total / max(count, 1.0))
-        loss = total / max(count, 1.0)
-        result = {"loss": loss, "ppl": math.exp(min(loss, 50)), "bpc": loss / LN2, "tokens": int(count),
+            total, count = total + float(nll), count + int(n)
+            report(i + 1, total / max(count, 1))
+        loss = total / max(count, 1)
+        result = {"loss": loss, "ppl": math.exp(min(loss, 50)), "bpc": loss / LN2, "tokens": count,
                   "expected_tokens": info["num_targets"], "split": split}
+        partial = f" (partial: max_eval_batch={tc.max_eval_batch})" if batches < info["num_batch"] else ""
         self.log(f"eval {split}: loss {loss:.4f} | ppl {result['ppl']:.3f} | bpc {result['bpc']:.4f} | "
-                 f"tokens {int(count)} of {info['num_targets']}")
+                 f"tokens {count} of {info['num_targets']}{partial}")
         return result

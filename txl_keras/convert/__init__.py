@@ -5,19 +5,22 @@
         --cache_pkl=pretrained/wt103/data/cache.pkl --output=converted/wt103 \
         --tgt_len=128 --mem_len=1600 --clamp_len=1000 --same_length
 
+(the program is `txl_keras/convert/__main__.py`; this module holds the library functions).
+
 The structure (layers, widths, heads, vocabulary, cutoffs, div_val, tying) is read from
 the variable shapes; the memory settings come from the caller. The source's numerical
 quirks are selected by config fields: TF checkpoints get `mem_init="zeros"`,
 `same_length_convention="tf"`, `cluster_order="tf"`, `layer_norm_epsilon=1e-12`.
 """
 
-import json
-import os
+import io
+import logging
 import pickle
 import re
 
 import numpy as np
-from absl import app, flags, logging
+
+from tf_records import files
 
 from txl_keras.models.config import TransformerXLConfig
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
@@ -175,7 +178,7 @@ def from_tf_checkpoint(path, config=None, **overrides):
     """
     arrays, dropped = read_tf_checkpoint(path)
     if dropped:
-        logging.info("%s: dropped %d optimizer variables (%s ...)", path, len(dropped), dropped[0])
+        logging.getLogger(__name__).info("%s: dropped %d optimizer variables (%s ...)", path, len(dropped), dropped[0])
     if config is None:
         config = _infer_config(arrays, {**TF_QUIRKS, **overrides})
     model = TransformerXLLM(config)
@@ -313,7 +316,7 @@ def load_cache_vocab(path):
     """The Vocabulary inside an original `cache.pkl` (or HF `vocab.pkl`), read as data only."""
     from tf_records.vocabulary import Vocabulary
 
-    with open(path, "rb") as f:
+    with io.BytesIO(files.read_bytes(path)) as f:
         try:
             obj = _RestrictedUnpickler(f, encoding="latin1").load()
         except (pickle.UnpicklingError, EOFError) as e:
@@ -332,57 +335,3 @@ def load_cache_vocab(path):
         return Vocabulary(symbols, level="char", lower_case=True), dataset
     return Vocabulary(symbols, lower_case=bool(vstate.get("lower_case", False)),
                       add_eos=dataset != "lm1b", add_double_eos=dataset == "lm1b", unk_symbol=unk), dataset
-
-
-# -- command line ---------------------------------------------------------------------------------------
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-    """The command line flags (defined only when run as a program)."""
-    flags.DEFINE_string("tf_checkpoint", None, "Original TF checkpoint prefix (model.ckpt-0).")
-    flags.DEFINE_string("pytorch_state_dict", None, "A torch.save'd state dict (needs torch).")
-    flags.DEFINE_string("config_json", None, "TransformerXLConfig JSON (required for PyTorch).")
-    flags.DEFINE_string("cache_pkl", None, "The original cache.pkl, to save its vocabulary.")
-    flags.DEFINE_string("output", None, "Folder to write config.json, vocab.json and a checkpoint.")
-    flags.DEFINE_integer("tgt_len", 128, "Segment length to evaluate with.")
-    flags.DEFINE_integer("mem_len", 1600, "Memory length to evaluate with.")
-    flags.DEFINE_integer("clamp_len", 1000, "clamp_len to evaluate with.")
-    flags.DEFINE_bool("same_length", True, "same_length to evaluate with.")
-
-
-def main(argv):
-    del argv
-    from txl_keras.atomic_files import atomic_write_text
-    from txl_keras.training.checkpoints import save_checkpoint
-
-    if not FLAGS.output or not (FLAGS.tf_checkpoint or FLAGS.pytorch_state_dict):
-        raise app.UsageError("--output and one of --tf_checkpoint / --pytorch_state_dict are required.")
-    memory = dict(tgt_len=FLAGS.tgt_len, mem_len=FLAGS.mem_len, clamp_len=FLAGS.clamp_len,
-                  same_length=FLAGS.same_length)
-    if FLAGS.tf_checkpoint:
-        model = from_tf_checkpoint(FLAGS.tf_checkpoint, **memory)
-    else:
-        import torch
-
-        if not FLAGS.config_json:
-            raise app.UsageError("--config_json is required with --pytorch_state_dict.")
-        config = TransformerXLConfig.from_json(open(FLAGS.config_json).read()).replace(**memory)
-        model = from_pytorch_state_dict(torch.load(FLAGS.pytorch_state_dict, map_location="cpu",
-                                                   weights_only=True), config)
-    os.makedirs(FLAGS.output, exist_ok=True)
-    atomic_write_text(os.path.join(FLAGS.output, "config.json"), model.config.to_json())
-    if FLAGS.cache_pkl:
-        vocab, dataset = load_cache_vocab(FLAGS.cache_pkl)
-        vocab.save(os.path.join(FLAGS.output, "vocab.json"))
-        info = {"dataset": dataset, "vocab_size": len(vocab),
-                "cutoffs": [0] + model.config.cutoffs + [model.config.n_token]}
-        atomic_write_text(os.path.join(FLAGS.output, "corpus-info.json"), json.dumps(info, indent=2))
-    save_checkpoint(FLAGS.output, 0, model, {"step": np.array(0)})
-    print(f"wrote {FLAGS.output} ({model.count_params():,} parameters)")
-
-
-if __name__ == "__main__":
-    define_flags()
-    app.run(main)

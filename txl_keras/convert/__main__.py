@@ -1,0 +1,67 @@
+"""`python -m txl_keras.convert`: original weights -> a run folder txl_keras can evaluate,
+export and generate from (config.json, vocab.json, corpus-info.json, ckpt-00000000/).
+
+    python -m txl_keras.convert --tf_checkpoint=pretrained/wt103/model/model.ckpt-0 \
+        --cache_pkl=pretrained/wt103/data/cache.pkl --output=converted/wt103 \
+        --tgt_len=128 --mem_len=1600 --clamp_len=1000 --same_length
+"""
+
+import json
+
+from absl import app, flags
+
+from tf_records import files
+from txl_keras.convert import from_pytorch_state_dict, from_tf_checkpoint, load_cache_vocab
+from txl_keras.models.config import TransformerXLConfig
+from txl_keras.run_folder import VOCAB, claim, save_checkpoint
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("tf_checkpoint", None, "Original TF checkpoint prefix (model.ckpt-0).")
+flags.DEFINE_string("pytorch_state_dict", None, "A torch.save'd state dict (needs torch).")
+flags.DEFINE_string("config_json", None, "TransformerXLConfig JSON (required for PyTorch).")
+flags.DEFINE_string("cache_pkl", None, "The original cache.pkl, to save its vocabulary.")
+flags.DEFINE_string("output", None, "A new or empty folder for config.json, vocab.json and a checkpoint.")
+flags.DEFINE_integer("tgt_len", 128, "Segment length to evaluate with.")
+flags.DEFINE_integer("mem_len", 1600, "Memory length to evaluate with.")
+flags.DEFINE_integer("clamp_len", 1000, "clamp_len to evaluate with.")
+flags.DEFINE_bool("same_length", True, "same_length to evaluate with.")
+
+
+def convert_model():
+    memory = dict(tgt_len=FLAGS.tgt_len, mem_len=FLAGS.mem_len, clamp_len=FLAGS.clamp_len,
+                  same_length=FLAGS.same_length)
+    if FLAGS.tf_checkpoint:
+        return from_tf_checkpoint(FLAGS.tf_checkpoint, **memory)
+    import torch
+
+    if not FLAGS.config_json:
+        raise app.UsageError("--config_json is required with --pytorch_state_dict.")
+    config = TransformerXLConfig.from_json(files.read_text(FLAGS.config_json)).replace(**memory)
+    with files.local_input(FLAGS.pytorch_state_dict) as local:
+        state_dict = torch.load(local, map_location="cpu", weights_only=True)
+    return from_pytorch_state_dict(state_dict, config)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if not FLAGS.output or not (FLAGS.tf_checkpoint or FLAGS.pytorch_state_dict):
+        raise app.UsageError("--output and one of --tf_checkpoint / --pytorch_state_dict are required.")
+    if files.listdir(FLAGS.output):
+        raise app.UsageError(f"--output={FLAGS.output} is not empty (it may hold a training run); "
+                             "convert into a new folder, nothing is overwritten.")
+    vocab = load_cache_vocab(FLAGS.cache_pkl) if FLAGS.cache_pkl else None
+    model = convert_model()
+    claim(FLAGS.output, model.config)
+    if vocab:
+        vocab, dataset = vocab
+        vocab.save(files.join(FLAGS.output, VOCAB))
+        info = {"dataset": dataset, "vocab_size": len(vocab),
+                "cutoffs": [0] + model.config.cutoffs + [model.config.n_token]}
+        files.atomic_write(files.join(FLAGS.output, "corpus-info.json"), json.dumps(info, indent=2))
+    save_checkpoint(FLAGS.output, 0, model, None)
+    print(f"wrote {FLAGS.output} ({model.count_params():,} parameters)")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,123 @@
+"""Sampling from a TransformerXLLM on any Keras backend: the prompt goes through the
+memory segment by segment, then each new token costs one step against the memory (no
+recomputation of the context). The token loop is one `keras.ops.while_loop`, compiled
+per backend (a `tf.function` on TensorFlow, `jax.jit` on JAX, eager on PyTorch).
+
+    python -m txl_keras.generate --model_dir=runs/quickstart --prompt="def main(" \
+        --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from txl_keras.generate.samplers import (GreedySampler, Sampler, TemperatureSampler, TopKSampler,
+                                         TopPSampler, sampler_from)
+
+__all__ = ["GreedySampler", "Sampler", "TemperatureSampler", "TopKSampler", "TopPSampler", "generate",
+           "sampler_from"]
+
+
+def compile_for_backend(model, fn):
+    """`fn` (which calls `model` without changing its variables) compiled for the
+    backend: tf.function, jax.jit over the model's variables, or eager under no_grad."""
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)
+    if backend == "jax":
+        import jax
+
+        variables = model.trainable_variables + model.non_trainable_variables
+
+        @jax.jit
+        def stateless(values, *args):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return fn(*args)
+
+        return lambda *args: stateless([v.value for v in variables], *args)
+    import torch
+
+    def no_grad(*args):
+        with torch.no_grad():
+            return fn(*args)
+
+    return no_grad
+
+
+def _check_prompt(prompt, n_token):
+    prompt = np.asarray(prompt)
+    if prompt.ndim != 2 or prompt.shape[1] < 1:
+        raise ValueError(f"Expected `prompt` of shape (batch, length >= 1). Received shape {prompt.shape}")
+    if not np.issubdtype(prompt.dtype, np.integer):
+        raise ValueError(f"Expected integer token ids in `prompt`. Received dtype {prompt.dtype}")
+    if prompt.min() < 0 or prompt.max() >= n_token:
+        raise ValueError(f"Prompt ids must be in [0, n_token={n_token}). Received ids in "
+                         f"[{prompt.min()}, {prompt.max()}]")
+    return prompt.astype("int32")
+
+
+def _check_count(name, value, low, high=2**31 - 1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise ValueError(f"Expected `{name}` to be an integer in [{low}, {high}]. Received: {name}={value!r}")
+    return int(value)
+
+
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+             stop_token=None, mem_len=None, clamp_len=None, same_length=None, sampler=None):
+    """Continue `prompt` (int `(batch, P)`, P >= 1) by `max_new_tokens` tokens.
+
+    The next token is picked by `sampler` (a `Sampler`), by default the one of
+    `temperature` (0: greedy), `top_k` (0: off) and `top_p` (1: off), see
+    `sampler_from`. Sampling is reproducible for a given `seed`. After a row emits
+    `stop_token` it only repeats it, and the loop ends once every row has stopped.
+    `mem_len` (default: the config's) bounds the context the model sees. Returns int32
+    numpy `(batch, P + max_new_tokens)`.
+    """
+    config = model.config
+    prompt = _check_prompt(prompt, config.n_token)
+    max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
+    seed = _check_count("seed", seed, 0)
+    stop = -1 if stop_token is None else _check_count("stop_token", stop_token, 0, config.n_token - 1)
+    sampler = sampler or sampler_from(0 if temperature is None else temperature, top_k, top_p)
+    settings = config.with_memory(mem_len, clamp_len, same_length)
+    overrides = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len,
+                     same_length=settings.same_length, training=False)
+    # With relative positions each new token projects only itself, not the whole memory.
+    cache_kv = model.backbone.can_cache_kv and settings.mem_len > 0
+
+    def step(tokens, mems, kvs, valid):
+        out = model(tokens, mems=mems, memory_kv=kvs or None, memory_valid=valid, cache_kv=cache_kv, **overrides)
+        return out, list(out["mems"]), list(out.get("memory_kv", [])), out["memory_valid"]
+
+    def feed(tokens, mems, kvs, valid):
+        return step(tokens, mems, kvs, valid)[1:]
+
+    def decode(last, mems, kvs, valid, seed):
+        def cond(i, last, done, produced, mems, kvs, valid):
+            return ops.logical_and(i < max_new_tokens, ops.logical_not(ops.all(done)))
+
+        def body(i, last, done, produced, mems, kvs, valid):
+            out, mems, kvs, valid = step(last[:, None], mems, kvs, valid)
+            token = sampler(model.softmax.log_probs(out["hidden"])[:, 0], ops.stack([seed, i]))
+            token = ops.where(done, stop, ops.cast(token, "int32"))
+            produced = ops.slice_update(produced, (0, i), token[:, None])
+            return i + 1, token, ops.logical_or(done, ops.equal(token, stop)), produced, mems, kvs, valid
+
+        batch = ops.shape(last)[0]
+        start = (ops.convert_to_tensor(0, "int32"), last, ops.zeros((batch,), "bool"),
+                 ops.full((batch, max_new_tokens), stop, "int32"), mems, kvs, valid)
+        return ops.while_loop(cond, body, start)[3]
+
+    batch = prompt.shape[0]
+    mems = [ops.zeros((batch, settings.mem_len, config.d_model), model.compute_dtype)] * config.n_layer
+    kvs = model.backbone.memory_kv(mems) if cache_kv else []
+    valid = ops.convert_to_tensor(settings.mem_len if config.mem_init == "zeros" else 0, "int32")
+    feed = compile_for_backend(model, feed)
+    context = prompt[:, :-1]
+    for start in range(0, context.shape[1], config.tgt_len):
+        mems, kvs, valid = feed(ops.convert_to_tensor(context[:, start:start + config.tgt_len]), mems, kvs, valid)
+    new = compile_for_backend(model, decode)(ops.convert_to_tensor(prompt[:, -1]), mems, kvs, valid,
+                                             ops.convert_to_tensor(seed, "int32"))
+    return np.concatenate([prompt, ops.convert_to_numpy(new).astype("int32")], axis=1)

@@ -1,0 +1,53 @@
+"""`python -m txl_keras.generate`: continue a text prompt with a trained model.
+
+    python -m txl_keras.generate --model_dir=runs/quickstart --prompt="def main(" \
+        --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
+"""
+
+from absl import app, flags
+
+from tf_records import files
+from tf_records.vocabulary import Vocabulary
+from txl_keras.generate import generate
+from txl_keras.run_folder import VOCAB, load_trained_model
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json, checkpoints).")
+flags.DEFINE_string("checkpoint", None, "Checkpoint folder (default: the latest).")
+flags.DEFINE_string("vocab", None, "vocab.json (default: the one in --model_dir).")
+flags.DEFINE_string("prompt", "", "Text to continue.")
+flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate (>= 0).")
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature (0: greedy).")
+flags.DEFINE_integer("top_k", 0, "Keep only the k most likely tokens (0: all).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1] (1: all tokens).")
+flags.DEFINE_integer("seed", 0, "Sampling seed, in [0, 2**31).")
+flags.DEFINE_string("stop", None, "Stop symbol (e.g. <eos>); printing ends at it.")
+flags.DEFINE_integer("mem_len", None, "Memory length (default: the config's).")
+flags.DEFINE_integer("clamp_len", None, "clamp_len for generation.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if not FLAGS.model_dir:
+        raise app.UsageError("--model_dir is required.")
+    vocab = Vocabulary.load(FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB))
+    stop = None
+    if FLAGS.stop:
+        if FLAGS.stop not in vocab.index:
+            raise app.UsageError(f"--stop={FLAGS.stop!r} is not in the vocabulary; give one of its symbols.")
+        stop = vocab.index[FLAGS.stop]
+    ids = vocab.encode_prompt(FLAGS.prompt)
+    if len(ids) == 0:
+        raise app.UsageError("--prompt encodes to no token; give some text.")
+    model = load_trained_model(FLAGS.model_dir, FLAGS.checkpoint)
+    out = generate(model, ids[None], FLAGS.max_new_tokens, FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
+                   FLAGS.seed, stop, FLAGS.mem_len, FLAGS.clamp_len)[0]
+    new = list(out[len(ids):])
+    if stop is not None and stop in new:
+        new = new[: new.index(stop) + 1]  # print up to the stop symbol, once
+    print(vocab.decode(list(ids) + new))
+
+
+if __name__ == "__main__":
+    app.run(main)
