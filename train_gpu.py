@@ -16,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+from tf_records import program  # noqa: E402
 from txl_keras.training import cli  # noqa: E402
 from txl_keras.training.watchdog import Watchdog  # noqa: E402
 
@@ -59,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    program.run(main)

@@ -8,8 +8,13 @@ Flags mirror the original `data_utils.py`. Examples:
     python -m tf_records --dataset=tfds:tiny_shakespeare --level=char
 """
 
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 from absl import app, flags
 
+from tf_records import program
 from tf_records.build import build_records
 from tf_records.corpora import LOCAL_SPLIT_RULE
 
@@ -75,4 +80,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    program.run(main)

@@ -24,6 +24,9 @@ def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_h
     `per_host_test_bsz=0` uses the validation batch size for the test split.
     """
     records_dir = records_dir or default_records_dir(dataset)
+    files.check_access(records_dir)  # an unreachable bucket fails now, before any work
+    if data_dir:
+        files.check_access(data_dir)
     batches = {"train": per_host_train_bsz, "valid": per_host_valid_bsz,
                "test": per_host_test_bsz or per_host_valid_bsz}
     for split in splits:

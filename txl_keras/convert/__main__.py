@@ -6,11 +6,15 @@ export and generate from (config.json, vocab.json, corpus-info.json, ckpt-000000
         --tgt_len=128 --mem_len=1600 --clamp_len=1000 --same_length
 """
 
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 import json
 
 from absl import app, flags
 
-from tf_records import files
+from tf_records import files, program
 from txl_keras.convert import from_pytorch_state_dict, from_tf_checkpoint, load_cache_vocab
 from txl_keras.models.config import TransformerXLConfig
 from txl_keras.run_folder import VOCAB, claim, save_checkpoint
@@ -64,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    program.run(main)

@@ -3,9 +3,13 @@
     python -m txl_keras.export --model_dir=runs/quickstart --output=exported/quickstart
 """
 
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 from absl import app, flags
 
-from tf_records import files
+from tf_records import files, program
 from txl_keras.export import export_saved_model
 from txl_keras.run_folder import load_trained_model
 
@@ -31,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    program.run(main)

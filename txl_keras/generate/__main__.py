@@ -4,9 +4,13 @@
         --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
 """
 
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 from absl import app, flags
 
-from tf_records import files
+from tf_records import files, program
 from tf_records.vocabulary import Vocabulary
 from txl_keras.generate import generate
 from txl_keras.run_folder import VOCAB, load_trained_model
@@ -50,4 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    program.run(main)

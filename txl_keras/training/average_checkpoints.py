@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 from absl import app, flags
 
-from tf_records import files
+from tf_records import files, program
 from txl_keras.run_folder import list_checkpoints, weights_path
 
 
@@ -74,4 +74,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    program.run(main)

@@ -1,0 +1,39 @@
+"""Running a command-line program: a usage or input error is one line, not a traceback.
+
+`run(main)` is `absl.app.run(main)` where a usage error (`app.UsageError`, a bad flag)
+prints `error: ...` and exits 2, and a failure the user can fix (a missing or damaged
+file, a value out of its domain, an unreachable bucket) prints `error: ...` and exits 1.
+`--verbosity=1` (or higher) shows the traceback as well.
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+from tf_records.files import StorageError
+
+# What a user can fix from the message alone; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, StorageError)
+
+
+def _one_line(error):
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text
+
+
+def run(main):
+    def guarded(argv):
+        try:
+            return main(argv)
+        except app.UsageError as e:
+            if flags.FLAGS["verbosity"].value > 0:
+                raise
+            sys.stderr.write(f"error: {_one_line(e)}\n")
+            sys.exit(2)
+        except USER_ERRORS as e:
+            if flags.FLAGS["verbosity"].value > 0:
+                logging.exception("failed")
+            sys.stderr.write(f"error: {_one_line(e)}\n")
+            sys.exit(1)
+
+    app.run(guarded)
