@@ -38,3 +38,17 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     os.makedirs(tmp_path / "ckpt-00000003")
     (tmp_path / "ckpt-00000003" / "model.weights.h5").write_bytes(b"partial")
     assert checkpoints.latest_checkpoint(str(tmp_path))[0] == 1
+
+
+def test_a_folder_of_another_model_is_refused_before_anything_is_written(tmp_path):
+    from txl_keras import TransformerXLConfig
+
+    config = TransformerXLConfig.from_preset("tiny")
+    checkpoints.claim(str(tmp_path), config)
+    written = (tmp_path / "config.json").read_bytes()
+    assert TransformerXLConfig.from_json(written.decode()) == config
+    checkpoints.claim(str(tmp_path), config)  # the same model: accepted
+    with pytest.raises(checkpoints.RunFolderError, match=r"d_model: 16 -> 32.*mem_len: 8 -> 4"):
+        checkpoints.claim(str(tmp_path), config.replace(d_model=32, mem_len=4))
+    assert (tmp_path / "config.json").read_bytes() == written
+    assert sorted(os.listdir(tmp_path)) == ["config.json"]

@@ -10,7 +10,6 @@ given on the command line override it. Unknown or misspelt flags are an error.
 
 import dataclasses
 import json
-import os
 import sys
 
 from absl import flags
@@ -154,7 +153,7 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     corpus_info = load_corpus_info(files.dirname(FLAGS.corpus_info_path) if FLAGS.corpus_info_path
                                    else tc.records_dir)
     config = model_config(corpus_info)
-    if is_chief:
+    if is_chief and FLAGS.do_train and not FLAGS.do_eval_only:  # evaluation never writes into the run folder
         run_folder.claim(tc.model_dir, config)
         vocab = files.join(tc.records_dir, VOCAB_FILE)
         if files.exists(vocab) and not files.exists(files.join(tc.model_dir, VOCAB_FILE)):
