@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import CONFIGS, emit, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
 
-EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=6)
+EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
 
 
 def txl_model(c):
@@ -40,25 +40,32 @@ def txl_model(c):
 
 
 def txl_eval_worker(c, e):
+    """The trainers' own evaluation (`Trainer.evaluate`: XLA when the softmax has static
+    shapes, cached memory keys and values) over records of random ids, timed on its
+    second pass (the first compiles)."""
+    import tempfile
+
     tf, model = txl_model(c)
-    overrides = dict(mem_len=e["mem_len"], clamp_len=e["clamp_len"], same_length=e["same_length"])
-    # XLA, as the trainers' evaluation uses by default for a softmax without cutoffs.
-    step = tf.function(lambda x, y, mems, kvs, valid: model(x, targets=y, mems=mems, memory_kv=kvs,
-                                                            memory_valid=valid, **overrides),
-                       jit_compile=os.environ.get("TXL_BENCH_XLA", "1") == "1")
-    ids = random_ids(e["batch"] * e["tgt_len"] * (e["segments"] + 3) + e["batch"], c["n_token"]).reshape(e["batch"], -1)
-    mems = [tf.zeros((e["batch"], e["mem_len"], c["d_model"]))] * c["n_layer"]
-    kvs = model.backbone.memory_kv(mems) if os.environ.get("TXL_BENCH_KV", "1") == "1" else None
-    valid = tf.constant(0)
-    times = []
-    for i in range(e["segments"] + 2):
-        x, y = ids[:, i * 64:(i + 1) * 64], ids[:, i * 64 + 1:(i + 1) * 64 + 1]
-        start = time.perf_counter()
-        out = step(x, y, mems, kvs, valid)
-        out["nll"].numpy()
-        times.append(time.perf_counter() - start)
-        mems, kvs, valid = out["mems"], out.get("memory_kv"), out["memory_valid"]
-    return {"tokens_per_s": e["batch"] * e["tgt_len"] * e["segments"] / sum(times[2:]), "peak_rss_mb": peak_rss_mb()}
+    from tf_records.records import write_split
+    from txl_keras.models.transformer_xl import TransformerXL
+    from txl_keras.training import TrainConfig, Trainer
+
+    if os.environ.get("TXL_BENCH_KV", "1") == "0":  # ablation: re-project the memory every segment
+        TransformerXL.can_cache_kv = property(lambda self: False)
+    if os.environ.get("TXL_BENCH_XLA", "1") == "0":  # ablation: evaluation without XLA
+        Trainer.eval_uses_xla = property(lambda self: False)
+    records = tempfile.mkdtemp()
+    ids = random_ids(e["batch"] * e["tgt_len"] * e["segments"] + 1, c["n_token"])
+    write_split(ids, records, "valid", e["batch"], e["tgt_len"], vocab_size=c["n_token"], log=lambda *_: None)
+    tc = TrainConfig(model_dir=tempfile.mkdtemp(), records_dir=records, train_batch_size=e["batch"],
+                     eval_batch_size=e["batch"], eval_tgt_len=e["tgt_len"], eval_mem_len=e["mem_len"],
+                     eval_clamp_len=e["clamp_len"], eval_same_length=e["same_length"])
+    trainer = Trainer(tf.distribute.get_strategy(), model.config, tc, log=lambda *_: None)
+    trainer.evaluate(progress=False)  # compiles
+    start = time.perf_counter()
+    result = trainer.evaluate(progress=False)
+    elapsed = time.perf_counter() - start
+    return {"tokens_per_s": result["tokens"] / elapsed, "peak_rss_mb": peak_rss_mb()}
 
 
 def hf_eval_worker(c, e):
@@ -76,7 +83,7 @@ def hf_eval_worker(c, e):
     mems, times = None, []
     with torch.no_grad():
         for i in range(e["segments"] + 2):
-            x = ids[:, i * 64:(i + 1) * 64]
+            x = ids[:, i * e["tgt_len"]:(i + 1) * e["tgt_len"]]
             start = time.perf_counter()
             out = model(input_ids=x, labels=x, mems=mems)
             mems = out.mems
@@ -87,7 +94,8 @@ def hf_eval_worker(c, e):
 def speedup_worker(c, length, batch=16):
     """Seconds per predicted token: Transformer-XL with memory `length` vs vanilla windows."""
     tf, model = txl_model(c)
-    ids = random_ids(batch * (length + 64 * 4 + 1), c["n_token"]).reshape(batch, -1)
+    segment = c["tgt_len"]
+    ids = random_ids(batch * (length + segment * 4 + 1), c["n_token"]).reshape(batch, -1)
     xl = tf.function(lambda x, mems, kvs, valid: model(x, mems=mems, memory_kv=kvs, memory_valid=valid,
                                                        mem_len=length, same_length=True, return_log_probs=True))
     mems = [tf.zeros((batch, length, c["d_model"]))] * c["n_layer"]
@@ -96,11 +104,11 @@ def speedup_worker(c, length, batch=16):
     times = []
     for i in range(4):
         start = time.perf_counter()
-        out = xl(ids[:, i * 64:(i + 1) * 64], mems, kvs, valid)
+        out = xl(ids[:, i * segment:(i + 1) * segment], mems, kvs, valid)
         out["log_probs"].numpy()
         times.append(time.perf_counter() - start)
         mems, kvs, valid = out["mems"], out["memory_kv"], out["memory_valid"]
-    xl_per_token = sum(times[1:]) / (3 * 64 * batch)
+    xl_per_token = sum(times[1:]) / (3 * segment * batch)
     vanilla = tf.function(lambda x: model(x, mem_len=0, return_log_probs=True)["log_probs"][:, -1])
     times = []
     for i in range(4):  # each call predicts one token per row from a full window

@@ -112,6 +112,7 @@ class Trainer:
         self._train_fn = None
         self._iterator = None  # [step it is positioned at, distributed iterator]
         self._started = False
+        self._eval_fns = {}  # evaluation settings -> compiled steps and their memories
         self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) \
             if train_config.xla else self._forward_backward_impl
 
@@ -341,9 +342,16 @@ class Trainer:
         return settings, tc.eval_tgt_len or self.config.tgt_len
 
     def eval_step_fn(self, settings):
-        """`replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over replicas
-        (float32, int32), with each replica's memory (and the memory's keys and values) in
-        variables that start empty now."""
+        """`(start, replica_eval)` for these evaluation settings, built once per settings:
+        `start()` (replica context) empties each replica's memory and the cache of its keys
+        and values; `replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over
+        replicas (float32, int32) advances them."""
+        key = settings.to_json()
+        if key not in self._eval_fns:
+            self._eval_fns[key] = self._build_eval_step(settings)
+        return self._eval_fns[key]
+
+    def _build_eval_step(self, settings):
         batch = self.tc.eval_batch_size // self.cores
         # With relative positions the memory's keys and values are kept, not recomputed
         # every segment (the weights do not change): ~1.5x fewer FLOPs at mem_len 5 tgt_len.
@@ -363,12 +371,13 @@ class Trainer:
         if self.eval_uses_xla:
             forward = tf.function(forward, jit_compile=True)
 
-        def start_kv_cache():  # the keys and values of the initial memory (zeros count with mem_init zeros)
-            mems, valid = memory.read()
-            kv_memory.write(model.backbone.memory_kv(mems), valid)
-
-        if cache_kv:
-            tf.function(lambda: self.strategy.run(start_kv_cache))()
+        def start():
+            # An empty memory (zeros that count with mem_init "zeros") and its keys and values.
+            zeros = [tf.zeros_like(m) for m in memory.read()[0]]
+            valid = tf.constant(settings.mem_len if settings.mem_init == "zeros" else 0, tf.int32)
+            memory.write(zeros, valid)
+            if cache_kv:
+                kv_memory.write(model.backbone.memory_kv(zeros), valid)
 
         def replica_eval(inputs, targets):
             mems, valid = memory.read()
@@ -384,7 +393,12 @@ class Trainer:
             return (context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.where(mask, nll, 0.0))),
                     context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(mask, tf.int32))))
 
-        return replica_eval
+        @tf.function
+        def eval_step(inputs, targets):
+            nll, count = self.strategy.run(replica_eval, args=(inputs, targets))
+            return self._local(nll)[0], self._local(count)[0]
+
+        return tf.function(lambda: self.strategy.run(start)), replica_eval, eval_step
 
     def evaluate(self, split=None, progress=True):
         """Score every target of a split exactly once with the evaluation settings.
@@ -396,12 +410,8 @@ class Trainer:
         split = split or tc.eval_split
         settings, tgt_len = self.eval_settings()
         info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
-        replica_eval = self.eval_step_fn(settings)
-
-        @tf.function
-        def eval_step(inputs, targets):
-            nll, count = self.strategy.run(replica_eval, args=(inputs, targets))
-            return self._local(nll)[0], self._local(count)[0]
+        start, _, eval_step = self.eval_step_fn(settings)
+        start()
 
         fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=settings.n_token)
         dataset = self.strategy.distribute_datasets_from_function(fn)
