@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CONFIGS, emit, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
+from common import CONFIGS, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
 
@@ -31,9 +31,9 @@ def txl_model(c):
 
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    from txl_keras import TransformerXLConfig, TransformerXLLM
+    from txl_keras import TransformerXLLM
 
-    config = TransformerXLConfig(**{k: v for k, v in c.items() if k != "batch"}, dropout=0.0)
+    config = model_config(c, dropout=0.0)
     model = TransformerXLLM(config)
     model.build((None, c["tgt_len"]))
     return tf, model

@@ -18,8 +18,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, model_flops_per_token, random_ids  # noqa: E402
 
-WT103_BASE = dict(n_token=267735, n_layer=16, d_model=410, n_head=10, d_head=41, d_inner=2100,
-                  tgt_len=150, mem_len=150, cutoffs=[20000, 40000, 200000], div_val=1)
+from txl_keras.models.config import PRESETS  # noqa: E402
+
+# The package's wt103_base preset (the fields this script varies; the rest is set below).
+WT103_BASE = {k: PRESETS["wt103_base"][k] for k in ("n_token", "n_layer", "d_model", "n_head", "d_head",
+                                                     "d_inner", "tgt_len", "mem_len", "cutoffs", "div_val")}
 TINY = dict(n_token=1000, n_layer=2, d_model=64, n_head=4, d_head=16, d_inner=128,
             tgt_len=32, mem_len=32, cutoffs=[200, 500], div_val=1)
 

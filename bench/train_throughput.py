@@ -16,7 +16,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (CONFIGS, current_rss_mb, emit, matmul_ceiling_gflops, model_flops_per_token,  # noqa: E402
+from common import (CONFIGS, model_config, current_rss_mb, emit, matmul_ceiling_gflops, model_flops_per_token,  # noqa: E402
                     peak_rss_mb, random_ids, run_worker)
 
 
@@ -27,7 +27,6 @@ def txl_worker(args, c):
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1 if args.xla else args.threads)
     from tf_records.records import write_split
-    from txl_keras import TransformerXLConfig
     from txl_keras.training import TrainConfig, Trainer
 
     framework_mb = current_rss_mb()
@@ -38,7 +37,7 @@ def txl_worker(args, c):
                 c["tgt_len"], vocab_size=c["n_token"], log=lambda *_: None)
     with open(os.path.join(records, "corpus-info.json"), "w") as f:
         f.write("{}")
-    config = TransformerXLConfig(**{k: v for k, v in c.items() if k != "batch"}, dropout=0.1, dropatt=0.0)
+    config = model_config(c, dropout=0.1, dropatt=0.0)
     tc = TrainConfig(model_dir=tempfile.mkdtemp(), records_dir=records, train_batch_size=c["batch"],
                      train_steps=args.warmup, iterations=args.warmup, save_steps=0, xla=args.xla,
                      precision=args.precision, deterministic=False)
