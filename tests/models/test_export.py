@@ -68,3 +68,19 @@ def test_saved_model_matches_keras_over_consecutive_segments(tmp_path):
         mems = out["mems"]
         np.testing.assert_allclose(served[f"nll{k}"], to_np(out["nll"]), atol=1e-4)
         np.testing.assert_allclose(served[f"last{k}"], to_np(out["log_probs"])[:, -1], atol=1e-4)
+
+
+def test_an_unbuilt_model_is_built_from_its_config_and_exported(tmp_path):
+    import tensorflow as tf
+
+    from txl_keras.export import export_saved_model
+
+    model = TransformerXLLM(TransformerXLConfig(**CONFIG))
+    assert not model.built
+    export_saved_model(model, str(tmp_path / "exported"))
+    loaded = tf.saved_model.load(str(tmp_path / "exported"))
+    state = loaded.initial_memory(tf.constant(1))
+    tokens = tf.constant([[1, 2, 3]], tf.int32)
+    out = loaded.score(tokens, tokens, state["memory_valid"], *[state[f"mem_{i}"] for i in range(2)])
+    direct = model(np.array([[1, 2, 3]], "int32"), targets=np.array([[1, 2, 3]], "int32"))["nll"]
+    np.testing.assert_allclose(out["nll"].numpy(), to_np(direct), atol=1e-5)

@@ -52,8 +52,8 @@ def export_saved_model(model, path, mem_len=None, clamp_len=None, same_length=No
 
 def _signatures(model, serving):
     """`{name: (function, input_signature)}` of the three endpoints."""
-    mem_len, d = serving.mem_len, serving
-    overrides = dict(mem_len=d.mem_len, clamp_len=d.clamp_len, same_length=d.same_length)
+    mem_len = serving.mem_len
+    overrides = dict(mem_len=mem_len, clamp_len=serving.clamp_len, same_length=serving.same_length)
     mem_specs = _memory_specs(serving, mem_len)
     valid_spec = tf.TensorSpec([], tf.int32, name="memory_valid")
     tokens_spec = tf.TensorSpec([None, None], tf.int32, name="tokens")
