@@ -99,3 +99,18 @@ def gradient(fn, x):
         total.backward()
         return np.zeros(x.shape) if v.grad is None else v.grad.numpy()
     pytest.skip(f"no gradient helper for backend {backend}")
+
+
+SMALL_ADAPTIVE = dict(n_token=40, n_layer=2, d_model=12, n_head=2, d_head=6, d_inner=20, dropout=0.0,
+                      tgt_len=4, mem_len=6, cutoffs=[10, 24], div_val=2, proj_share_all_but_first=True,
+                      untie_r=True, same_length=True, clamp_len=5)
+
+
+def small_adaptive_model(**overrides):
+    """A built, randomized two-layer adaptive-softmax model (export and generation tests)."""
+    from txl_keras import TransformerXLConfig, TransformerXLLM
+
+    model = TransformerXLLM(TransformerXLConfig(**{**SMALL_ADAPTIVE, **overrides}))
+    model.build((None, 4))
+    randomize(model, scale=0.3)
+    return model

@@ -6,22 +6,14 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import randomize, to_np
+from conftest import SMALL_ADAPTIVE, small_adaptive_model, to_np
 
 from txl_keras import TransformerXLConfig, TransformerXLLM
 
 pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TensorFlow export")
 
-CONFIG = dict(n_token=40, n_layer=2, d_model=12, n_head=2, d_head=6, d_inner=20, dropout=0.0,
-              tgt_len=4, mem_len=6, cutoffs=[10, 24], div_val=2, proj_share_all_but_first=True,
-              untie_r=True, same_length=True, clamp_len=5)
-
-
-def model_of(**overrides):
-    model = TransformerXLLM(TransformerXLConfig(**{**CONFIG, **overrides}))
-    model.build((None, 4))
-    randomize(model, scale=0.3)
-    return model
+CONFIG = SMALL_ADAPTIVE
+model_of = small_adaptive_model
 
 
 LOADER = r"""
