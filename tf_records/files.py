@@ -160,13 +160,6 @@ def read_text(path):
         raise StorageError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
 
 
-def open_file(path, mode="rb"):
-    """A file object for `path` (gfile for URLs)."""
-    if is_local(path):
-        return open(path, mode)
-    return gfile.GFile(path, mode)
-
-
 def _temporary_name(path):
     return f"{path}.{uuid.uuid4().hex[:8]}.partial"
 

@@ -100,9 +100,6 @@ class TrainConfig:
                 f"train_batch_size={self.train_batch_size}."
             )
 
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
-
     @classmethod
     def from_preset(cls, name, **overrides):
         """The settings of a run preset (see `RUN_PRESETS`) with fields overridden."""
