@@ -42,7 +42,9 @@ def test_unknown_flags_and_missing_tpu_are_reported_clearly(tmp_path):
 
 def test_sigkill_then_same_command_resumes_bit_exactly(tmp_path):
     records = build(str(tmp_path))
-    extra = ["--train_steps=24", "--iterations=4", "--save_steps=8", "--do_eval=false", "--dropout=0.1"]
+    # two replicas, each drawing its own dropout masks
+    extra = ["--train_steps=24", "--iterations=4", "--save_steps=8", "--do_eval=false", "--dropout=0.1",
+             "--dropatt=0.1", "--num_core_per_host=2"]
     reference = run(train_command(records, str(tmp_path / "ref"), *extra))
     assert reference.returncode == 0, reference.stderr[-2000:]
     command = train_command(records, str(tmp_path / "killed"), *extra)

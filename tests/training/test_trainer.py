@@ -1,4 +1,5 @@
 import math
+import re
 
 import numpy as np
 import pytest
@@ -38,6 +39,34 @@ def test_two_replicas_equal_one_device_with_the_same_global_batch(tmp_path, mirr
     two_mem = np.concatenate([v.numpy() for v in mirrored.experimental_local_results(
         two.memory.memory_variables[0].value)])
     np.testing.assert_allclose(one_mem, two_mem, rtol=1e-4, atol=1e-5)
+
+
+def train_losses(trainer):
+    """The training losses the trainer logs (one per host-loop call)."""
+    lines = []
+    trainer.log = lines.append
+    trainer.train()
+    return np.array([float(re.search(r"\| loss ([0-9.]+) ", line).group(1)) for line in lines
+                     if line.startswith("step")])
+
+
+def test_two_replicas_with_dropout_train_like_one_device(tmp_path, mirrored):
+    """With dropout the replicas draw other masks than one device, so the losses differ,
+    but by no more than other masks on one device make them differ."""
+    records = build(str(tmp_path))
+
+    def losses(name, strategy=None, salt=0):
+        trainer = make(tmp_path, records, strategy, model_dir=name, dropout=0.3, model={"dropatt": 0.3},
+                       train_steps=8, iterations=2)
+        for v in trainer.seed_states:  # other masks, the same initial weights
+            v.assign(v.numpy() + np.array([salt, 0]))
+        return train_losses(trainer)
+
+    one = [losses(f"one_{k}", salt=1000 * k) for k in range(3)]
+    spread = max(np.abs(a - b).mean() for i, a in enumerate(one) for b in one[i + 1:])
+    assert spread > 0
+    two = losses("two", mirrored)
+    assert np.abs(two - one[0]).mean() <= 3 * spread
 
 
 def test_memory_persists_across_host_loop_calls(tmp_path):

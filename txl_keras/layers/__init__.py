@@ -8,6 +8,7 @@ from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_
 from txl_keras.layers.positionwise_feed_forward import PositionwiseFeedForward
 from txl_keras.layers.relative_attention import RelativeAttention
 from txl_keras.layers.relative_shift import relative_shift
+from txl_keras.layers.replica_dropout import ReplicaDropout, ReplicaSeedGenerator
 from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "PositionalEmbedding",
     "PositionwiseFeedForward",
     "RelativeAttention",
+    "ReplicaDropout",
+    "ReplicaSeedGenerator",
     "TransformerXLBlock",
     "causal_attention_mask",
     "relative_positions",

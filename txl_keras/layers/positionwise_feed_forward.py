@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from txl_keras.layers.replica_dropout import ReplicaDropout
+
 
 @keras.saving.register_keras_serializable(package="txl_keras")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -55,8 +57,8 @@ class PositionwiseFeedForward(keras.layers.Layer):
             name="layer_1",
         )
         self.layer_2 = None
-        self.inner_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
-        self.output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.inner_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
+        self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
         self.layer_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm"
         )

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from txl_keras.layers.relative_shift import relative_shift
+from txl_keras.layers.replica_dropout import ReplicaDropout
 
 # Added to blocked scores in float32; softmax always runs in float32, so this neither
 # overflows in float16/bfloat16 nor lets a blocked key through.
@@ -94,8 +95,8 @@ class RelativeAttention(keras.layers.Layer):
         self.pre_lnorm = pre_lnorm
         self.layer_norm_epsilon = layer_norm_epsilon
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
-        self.probs_dropout = keras.layers.Dropout(attention_dropout, dtype=self.dtype_policy)
+        self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
+        self.probs_dropout = ReplicaDropout(attention_dropout, dtype=self.dtype_policy)
         self.layer_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm"
         )

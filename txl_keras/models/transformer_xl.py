@@ -8,6 +8,7 @@ from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.attention_mask import causal_attention_mask
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
+from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 from txl_keras.models.config import TransformerXLConfig
 
@@ -104,9 +105,9 @@ class TransformerXL(keras.Model):
             name="adaptive_embed",
         )
         self.pos_emb = PositionalEmbedding(config.d_model, dtype=self.dtype_policy, name="pos_emb")
-        self.emb_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
-        self.pos_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
-        self.out_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
+        self.emb_dropout = ReplicaDropout(config.dropout, dtype=self.dtype_policy)
+        self.pos_dropout = ReplicaDropout(config.dropout, dtype=self.dtype_policy)
+        self.out_dropout = ReplicaDropout(config.dropout, dtype=self.dtype_policy)
         self.blocks = [
             TransformerXLBlock(
                 config.n_head,
