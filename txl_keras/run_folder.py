@@ -7,6 +7,8 @@ conversion read. Any `tf.io.gfile` path (local, gs://, ...).
       checkpoint.json      the index of complete checkpoints, oldest first (the commit marker)
       ckpt-00001000/       model.weights.h5 (Keras weights) + state.npz (optimizer, step,
                            randomness, every replica's memory; absent in converted weights)
+      best.json            with --eval_steps: the step and validation results of the best
+      best-00000800.weights.h5   weights so far (by validation loss), the file it names
       train/  eval/        TensorBoard summaries
       eval_results.json
 
@@ -34,6 +36,7 @@ VOCAB = "vocab.json"
 INDEX = "checkpoint.json"
 WEIGHTS = "model.weights.h5"
 STATE = "state.npz"
+BEST = "best.json"
 _NAME = re.compile(r"^ckpt-(\d+)$")
 
 
@@ -160,6 +163,33 @@ def save_checkpoint(model_dir, step, model, state, keep=5):
         if stale or entry.endswith(".partial"):
             files.remove(files.join(model_dir, entry))
     return final
+
+
+def read_best(model_dir):
+    """The record of the best weights so far (`{"step", "loss", ..., "weights"}`), or None."""
+    path = files.join(model_dir, BEST)
+    if not files.exists(path):
+        return None
+    try:
+        return json.loads(files.read_text(path))
+    except ValueError as e:
+        raise RunFolderError(f"{path} is damaged ({e}); delete it to start a new record of the best "
+                             "weights.") from None
+
+
+def save_best(model_dir, model, step, results):
+    """Keep `model`'s weights as the best so far: the weights file first, then best.json
+    naming it (the commit), then the file it replaces is removed. Returns its path."""
+    name = f"best-{int(step):08d}.weights.h5"
+    save_weights(model, files.join(model_dir, name))
+    previous = read_best(model_dir)
+    files.atomic_write(files.join(model_dir, BEST), json.dumps({"step": int(step), **results, "weights": name},
+                                                               indent=2))
+    if previous and previous.get("weights") not in (None, name):
+        old = files.join(model_dir, previous["weights"])
+        if files.exists(old):
+            files.remove(old)
+    return files.join(model_dir, name)
 
 
 def load_state(path):

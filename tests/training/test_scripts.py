@@ -161,3 +161,60 @@ def test_every_checkpoint_is_evaluated_and_the_best_reported(tmp_path):
     scores = [float(line.split("loss ")[1].split(" ")[0]) for line in lines]
     (best_step, best_loss), = losses.items()
     assert best_loss == pytest.approx(min(scores), abs=1e-4) and best_step == [2, 4][scores.index(min(scores))]
+
+
+def summaries(folder):
+    """{tag: {step: value}} of the TensorBoard event files in `folder`."""
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        for record in tf.data.TFRecordDataset(os.path.join(folder, name)):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                array = tf.make_ndarray(value.tensor)
+                out.setdefault(value.tag, {})[event.step] = array.item() if array.dtype != object \
+                    else array.item().decode()
+    return out
+
+
+def tree(folder):
+    return {os.path.relpath(os.path.join(d, n), folder): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(folder) for n in names}
+
+
+def test_evaluation_during_training_in_tensorboard_and_the_best_weights_kept(tmp_path):
+    records = build(str(tmp_path))
+    model_dir = str(tmp_path / "m")
+    trained = run(train_command(records, model_dir, "--train_steps=12", "--iterations=2", "--save_steps=4",
+                                "--eval_steps=4", "--learning_rate=1e-2"))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    logged = [float(line.split("loss ")[1].split(" ")[0]) for line in trained.stdout.splitlines()
+              if line.startswith("eval valid: loss")]
+    assert len(logged) == 4  # before training, then at steps 4, 8, 12 (the last one reused at the end)
+    train, evals = summaries(os.path.join(model_dir, "train")), summaries(os.path.join(model_dir, "eval"))
+    for tag in ("loss", "lr", "gnorm", "bpc", "tokens_per_s", "model_flops_per_s"):
+        assert sorted(train[tag]) == [2, 4, 6, 8, 10, 12], tag
+    assert json.loads(train["config"][0].strip()) == json.load(open(os.path.join(model_dir, "config.json")))
+    assert json.loads(train["train_config"][0].strip())["eval_steps"] == 4
+    assert sorted(evals["loss"]) == [0, 4, 8, 12]
+    for step, loss in zip((0, 4, 8, 12), logged):
+        assert evals["loss"][step] == pytest.approx(loss, abs=1e-4)
+        assert evals["bpc"][step] == pytest.approx(evals["loss"][step] / np.log(2), rel=1e-5)
+        assert evals["ppl"][step] == pytest.approx(np.exp(evals["loss"][step]), rel=1e-4)
+    assert len(set(evals["tokens"].values())) == 1 and evals["tokens"][0] > 0
+    during = {4: logged[1], 8: logged[2], 12: logged[3]}
+    best = json.load(open(os.path.join(model_dir, "best.json")))
+    assert best["step"] == min(during, key=during.get)
+    assert [n for n in os.listdir(model_dir) if n.startswith("best-")] == [best["weights"]]
+    assert json.load(open(os.path.join(model_dir, "eval_results.json")))["best"]["step"] == best["step"]
+    assert f"best validation loss {best['loss']:.4f}" in trained.stdout
+    # the kept weights score the best loss; evaluation alone writes nothing into the run folder
+    before = tree(model_dir)
+    again = run(train_command(records, model_dir, "--do_train=false",
+                              f"--eval_ckpt_path={os.path.join(model_dir, best['weights'])}"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    score = float(again.stdout.split("eval valid: loss ")[1].split(" ")[0])
+    assert score == pytest.approx(during[best["step"]], abs=1e-4)
+    assert tree(model_dir) == before

@@ -176,10 +176,19 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         raise ValueError(f"--do_train=false but there is no checkpoint in {tc.model_dir} and no "
                          "--eval_ckpt_path: nothing to evaluate.")
     if FLAGS.do_eval:
-        results["after"] = trainer.evaluate()
+        step = int(trainer.step.numpy())
+        if FLAGS.do_train and trainer.last_eval and trainer.last_eval[0] == step:
+            results["after"] = trainer.last_eval[1]  # --eval_steps just evaluated this step
+        else:  # evaluation-only writes no summaries into the run folder
+            results["after"] = trainer.evaluate(summaries=FLAGS.do_train)
         if "before" in results:
             b, a = results["before"], results["after"]
             log(f"validation bpc {b['bpc']:.3f} -> {a['bpc']:.3f}, ppl {b['ppl']:.2f} -> {a['ppl']:.2f}")
+    best = run_folder.read_best(tc.model_dir) if FLAGS.do_train and tc.eval_steps else None
+    if best:
+        results["best"] = best
+        log(f"best validation loss {best['loss']:.4f} (ppl {best['ppl']:.3f}, bpc {best['bpc']:.4f}) at step "
+            f"{best['step']}: {files.join(tc.model_dir, best['weights'])}")
     if is_chief and FLAGS.do_train:
         files.atomic_write(files.join(tc.model_dir, "eval_results.json"), json.dumps(results, indent=2))
     return results
@@ -194,7 +203,7 @@ def evaluate_checkpoints(trainer, log):
     results = {}
     for step, path in found:
         trainer.load_weights(path)
-        results[step] = trainer.evaluate(progress=False)
+        results[step] = trainer.evaluate(progress=False, summaries=False)
     best = min(results, key=lambda s: results[s]["loss"])
     log(f"best checkpoint: step {best}, loss {results[best]['loss']:.4f}, ppl {results[best]['ppl']:.3f}, "
         f"bpc {results[best]['bpc']:.4f}")

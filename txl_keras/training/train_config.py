@@ -53,6 +53,8 @@ class TrainConfig:
     eval_clamp_len: int = _field(None, "Evaluation clamp_len (default clamp_len).")
     eval_same_length: bool = _field(None, "Evaluation same_length (default same_length).")
     max_eval_batch: int = _field(-1, "Evaluate at most this many batches (-1: the whole split).")
+    eval_steps: int = _field(0, "While training, evaluate on eval_split every this many steps and keep the "
+                             "best weights by validation loss (0: evaluate only after training).")
 
     def __post_init__(self):
         self.validate()
@@ -78,7 +80,7 @@ class TrainConfig:
                      "keep_checkpoint_max"):
             if getattr(self, name) < 1:
                 self._fail(name, "a positive integer")
-        for name in ("warmup_steps", "save_steps"):
+        for name in ("warmup_steps", "save_steps", "eval_steps"):
             if getattr(self, name) < 0:
                 self._fail(name, "a non-negative integer")
         if not self.learning_rate > 0:

@@ -8,6 +8,8 @@ per-replica variables, so it persists across steps and host-loop calls, and it i
 in checkpoints with everything else needed to resume bit for bit.
 """
 
+import dataclasses
+import json
 import math
 import sys
 import time
@@ -47,13 +49,14 @@ def _progress(total, title, log):
     return lambda done, loss: log(f"{title}: {done}/{total} batches, loss {loss:.4f}") if done in marks else None
 
 
-def _scalar_summary(name, value):
-    """A TensorBoard scalar, written without needing the tensorboard package."""
+def _summary(name, value, plugin="scalars"):
+    """A TensorBoard scalar (or text), written without needing the tensorboard package."""
     from tensorflow.core.framework import summary_pb2
 
     metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
-    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin))
+    tensor = tf.constant(value, tf.string if plugin == "text" else tf.float32)
+    tf.summary.write(name, tensor, metadata=metadata)
 
 
 class Trainer:
@@ -113,12 +116,27 @@ class Trainer:
         self._iterator = None  # [step it is positioned at, distributed iterator]
         self._started = False
         self._eval_fns = {}  # evaluation settings -> compiled steps and their memories
+        self._writers = {}  # TensorBoard run name -> summary writer (chief only)
+        self.last_eval = None  # (step, results) of the latest evaluation
         self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) \
             if train_config.xla else self._forward_backward_impl
 
     def _local(self, values):
         """The values of this worker's replicas, in replica order."""
         return self.strategy.experimental_local_results(values)
+
+    def write_summaries(self, run, step, scalars=None, texts=None):
+        """TensorBoard scalars (and texts) at `step` in `model_dir/<run>` (the chief's)."""
+        if not self.is_chief:
+            return
+        if run not in self._writers:
+            self._writers[run] = tf.summary.create_file_writer(files.join(self.tc.model_dir, run))
+        with self._writers[run].as_default(step=step):
+            for name, value in (scalars or {}).items():
+                _summary(name, value)
+            for name, value in (texts or {}).items():
+                _summary(name, value, plugin="text")
+        self._writers[run].flush()
 
     def _memory(self, mem_len, batch, width=None):
         return MemoryCache(
@@ -216,15 +234,18 @@ class Trainer:
         iterator = self._iterator[1]
         if self._train_fn is None:
             self._train_fn = self._build_train_fn()
-        writer = tf.summary.create_file_writer(files.join(tc.model_dir, "train")) if self.is_chief else None
         tokens_per_step = tc.train_batch_size * self.num_hosts * self.config.tgt_len
         step = int(self.step.numpy())
         self.log(f"training from step {step} to {tc.train_steps}: {self.replicas} replicas, "
                  f"{self.per_replica} streams x {self.config.tgt_len} tokens each per step")
+        self.write_summaries("train", step, texts={
+            "config": "    " + self.config.to_json().replace("\n", "\n    "),
+            "train_config": "    " + json.dumps(dataclasses.asdict(tc), indent=2).replace("\n", "\n    ")})
         while step < tc.train_steps:
             boundary = min(tc.train_steps, (step // tc.iterations + 1) * tc.iterations)
-            if tc.save_steps:
-                boundary = min(boundary, (step // tc.save_steps + 1) * tc.save_steps)
+            for every in (tc.save_steps, tc.eval_steps):
+                if every:
+                    boundary = min(boundary, (step // every + 1) * every)
             start = time.time()
             loss_sum, gnorm_sum, done, bad = self._train_fn(iterator, tf.constant(boundary - step, tf.int64))
             elapsed = time.time() - start
@@ -245,15 +266,24 @@ class Trainer:
             self.log(f"step {step:>7d} | lr {lr:.3e} | loss {loss:.4f} | ppl {math.exp(min(loss, 50)):9.3f} | "
                      f"bpc {loss / LN2:.4f} | gnorm {gnorm:.3f} | tok/s {tokens_per_s:,.0f} | "
                      f"model GFLOP/s {tokens_per_s * self.flops_per_token / 1e9:,.1f}")
-            if writer:
-                with writer.as_default(step=step):
-                    for name, value in (("loss", loss), ("lr", lr), ("gnorm", gnorm), ("bpc", loss / LN2),
-                                        ("tokens_per_s", tokens_per_s),
-                                        ("model_flops_per_s", tokens_per_s * self.flops_per_token)):
-                        _scalar_summary(name, value)
+            self.write_summaries("train", step, {
+                "loss": loss, "lr": lr, "gnorm": gnorm, "bpc": loss / LN2, "tokens_per_s": tokens_per_s,
+                "model_flops_per_s": tokens_per_s * self.flops_per_token})
             if tc.save_steps and (step % tc.save_steps == 0 or step >= tc.train_steps):
                 self.save()
+            if tc.eval_steps and step % tc.eval_steps == 0:
+                self.evaluate_and_keep_best(step)
         return step
+
+    def evaluate_and_keep_best(self, step):
+        """Evaluate now (summaries at `step`); keep the weights if the loss is the best so far."""
+        result = self.evaluate(progress=False)
+        best = run_folder.read_best(self.tc.model_dir)
+        if best is None or result["loss"] < best["loss"]:
+            if self.is_chief:
+                path = run_folder.save_best(self.tc.model_dir, self.model, step, result)
+                self.log(f"best validation loss so far ({result['loss']:.4f}): saved {path}")
+        return result
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -400,11 +430,12 @@ class Trainer:
 
         return tf.function(lambda: self.strategy.run(start)), replica_eval, eval_step
 
-    def evaluate(self, split=None, progress=True):
+    def evaluate(self, split=None, progress=True, summaries=True):
         """Score every target of a split exactly once with the evaluation settings.
 
         Returns `{"loss", "ppl", "bpc", "tokens", "expected_tokens", "split"}`; `tokens`
-        equals the split's `num_targets` unless `max_eval_batch` cut the pass short.
+        equals the split's `num_targets` unless `max_eval_batch` cut the pass short. With
+        `summaries` they are written to TensorBoard's `eval` run at the current step.
         """
         tc = self.tc
         split = split or tc.eval_split
@@ -430,4 +461,8 @@ class Trainer:
         partial = f" (partial: max_eval_batch={tc.max_eval_batch})" if batches < info["num_batch"] else ""
         self.log(f"eval {split}: loss {loss:.4f} | ppl {result['ppl']:.3f} | bpc {result['bpc']:.4f} | "
                  f"tokens {count} of {info['num_targets']}{partial}")
+        step = int(self.step.numpy())
+        self.last_eval = (step, result)
+        if summaries:
+            self.write_summaries("eval", step, {name: result[name] for name in ("loss", "ppl", "bpc", "tokens")})
         return result
