@@ -2,6 +2,8 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if os.environ.get("KERAS_BACKEND") == "jax":  # two host devices for keras.distribution (before JAX loads)
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import keras  # noqa: E402

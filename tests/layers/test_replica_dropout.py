@@ -26,3 +26,25 @@ def test_rate_scaling_and_config():
     assert ReplicaDropout(0.0).seed_generator is None
     with pytest.raises(ValueError, match=r"rate must be in \[0, 1\)"):
         ReplicaDropout(1.0)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="keras.distribution on JAX")
+def test_data_parallel_devices_get_their_own_masks():
+    """Under keras.distribution the mask is drawn for the global batch and sharded, so
+    each device's rows get their own part of it."""
+    import jax
+
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip("needs two devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+    distribution = keras.distribution.DataParallel(devices=devices[:2])
+    layer = ReplicaDropout(0.3, seed=5)
+    x = keras.ops.ones((8, 256))
+    with distribution.scope():
+        x = jax.device_put(x, distribution.get_data_layout(x.shape).backend_layout)
+        out = to_np(jax.jit(lambda v: layer(v, training=True))(x))
+    first, second = out[:4] == 0, out[4:] == 0  # the rows of device 0 and of device 1
+    assert not np.array_equal(first, second)
+    for mask in (first, second):
+        assert abs(mask.mean() - 0.3) < 5 * np.sqrt(0.21 / mask.size)
+    assert abs((first & second).mean() - 0.09) < 5 * np.sqrt(0.09 * 0.91 / first.size)
