@@ -22,8 +22,9 @@ from txl_keras.training.watchdog import Watchdog  # noqa: E402
 
 cli.define_flags()
 flags.adopt_module_key_flags(cli)  # --help lists the training flags, not only this file's
-flags.DEFINE_integer("startup_timeout", 300, "Seconds to wait for all workers to join.")
-flags.DEFINE_integer("collective_timeout", 600, "Seconds before a collective with a dead peer fails.")
+flags.DEFINE_integer("startup_timeout", 300, "Seconds to wait for all workers to join.", lower_bound=1)
+flags.DEFINE_integer("collective_timeout", 600, "Seconds before a collective with a dead peer fails.",
+                     lower_bound=1)
 FLAGS = flags.FLAGS
 
 

@@ -23,7 +23,7 @@ flags.adopt_module_key_flags(cli)  # --help lists the training flags, not only t
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address; 'local' on a TPU VM.")
 flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU (with a TPU name).")
 flags.DEFINE_string("gcp_project", None, "GCP project of the TPU (with a TPU name).")
-flags.DEFINE_integer("tpu_timeout", 120, "Seconds to wait for the TPU to answer.")
+flags.DEFINE_integer("tpu_timeout", 120, "Seconds to wait for the TPU to answer.", lower_bound=1)
 FLAGS = flags.FLAGS
 
 

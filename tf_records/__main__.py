@@ -8,6 +8,7 @@ Flags mirror the original `data_utils.py`. Examples:
     python -m tf_records --dataset=tfds:tiny_shakespeare --level=char
 """
 
+import codecs
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -23,28 +24,37 @@ flags.DEFINE_string("dataset", "stdlib", "enwik8, text8, wt103, wt2, ptb, lm1b, 
 flags.DEFINE_string("data_dir", None, "Folder of the raw corpus files (as getdata.sh leaves them).")
 flags.DEFINE_string("records_dir", None, "Output folder (default data/<dataset>).")
 flags.DEFINE_list("splits", ["train", "valid", "test"], "Splits to build.")
-flags.DEFINE_integer("per_host_train_bsz", 60, "Training streams per host.")
-flags.DEFINE_integer("per_host_valid_bsz", 60, "Validation streams per host.")
-flags.DEFINE_integer("per_host_test_bsz", 0, "Test streams per host (0: as validation).")
-flags.DEFINE_integer("tgt_len", 70, "Tokens per segment.")
-flags.DEFINE_integer("num_hosts", 1, "Hosts (workers) that will read the records.")
-flags.DEFINE_integer("num_core_per_host", 1, "Replicas per host; must divide the per-host batches.")
-flags.DEFINE_integer("num_passes", 1, "Rotated copies of the training data (the original TPU data used 10).")
-flags.DEFINE_integer("num_shuffle", 4, "lm1b: shuffles of each training shard.")
+flags.DEFINE_integer("per_host_train_bsz", 60, "Training streams per host.", lower_bound=1)
+flags.DEFINE_integer("per_host_valid_bsz", 60, "Validation streams per host.", lower_bound=1)
+flags.DEFINE_integer("per_host_test_bsz", 0, "Test streams per host (0: as validation).", lower_bound=0)
+flags.DEFINE_integer("tgt_len", 70, "Tokens per segment.", lower_bound=1)
+flags.DEFINE_integer("num_hosts", 1, "Hosts (workers) that will read the records.", lower_bound=1)
+flags.DEFINE_integer("num_core_per_host", 1, "Replicas per host; must divide the per-host batches.",
+                     lower_bound=1)
+flags.DEFINE_integer("num_passes", 1, "Rotated copies of the training data (the original TPU data used 10).",
+                     lower_bound=1)
+flags.DEFINE_integer("num_shuffle", 4, "lm1b: shuffles of each training shard.", lower_bound=1)
 flags.DEFINE_bool("download", False, "Fetch the raw corpus first (needs the network).")
 flags.DEFINE_string("text", None, f"--dataset=text: a file, folder or glob. Split rule: {LOCAL_SPLIT_RULE}.")
 flags.DEFINE_enum("level", None, ["byte", "char", "word"], "Token level of text/stdlib/tfds corpora.")
 flags.DEFINE_bool("lower_case", False, "Lower-case text/tfds corpora.")
-flags.DEFINE_integer("min_freq", 1, "Word level: rarer words become <unk>.")
-flags.DEFINE_integer("max_bytes", None, "text/stdlib: read at most this many characters.")
+flags.DEFINE_integer("min_freq", 1, "Word level: rarer words become <unk>.", lower_bound=1)
+flags.DEFINE_integer("max_bytes", None, "text/stdlib: read at most this many characters.", lower_bound=1)
 flags.DEFINE_string("tfds_data_dir", None, "tfds:NAME: where the dataset is prepared.")
 flags.DEFINE_string("vocab", None, "Encode with this vocab.json (e.g. of converted pretrained weights) "
-                    "instead of counting one (enwik8, text8, wt103, wt2, ptb, lm1b).")
+                    "instead of counting one (every dataset; its level is the vocabulary's).")
+flags.DEFINE_string("encoding", "utf-8", "text: the files' encoding at char and word level (decoded strictly; "
+                    "byte level reads raw bytes).")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    try:
+        codecs.lookup(FLAGS.encoding)
+    except LookupError:
+        raise app.UsageError(f"--encoding={FLAGS.encoding!r} is not an encoding Python knows (e.g. utf-8, "
+                             "latin-1, cp1252).") from None
     options = {}
     if FLAGS.dataset in ("text", "stdlib") or FLAGS.dataset.startswith("tfds:"):
         options.update(lower_case=FLAGS.lower_case, min_freq=FLAGS.min_freq)
@@ -53,7 +63,7 @@ def main(argv):
         if FLAGS.max_bytes:
             options["max_bytes"] = FLAGS.max_bytes
     if FLAGS.dataset == "text":
-        options["text"] = FLAGS.text
+        options.update(text=FLAGS.text, encoding=FLAGS.encoding)
     if FLAGS.dataset.startswith("tfds:"):
         options.update(tfds_data_dir=FLAGS.tfds_data_dir, download=FLAGS.download)
     if FLAGS.dataset == "lm1b":

@@ -40,17 +40,43 @@ def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_h
     if do_download:
         download(dataset, data_dir, log=log)
     corpus = load_corpus(dataset, data_dir=data_dir, **corpus_options)
-    files.makedirs(records_dir)
-    corpus.vocab.save(files.join(records_dir, VOCAB_FILE))
-    files.atomic_write(files.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))
-    for split in splits:
+    _refuse_other_vocabulary(records_dir, corpus)
+    for i, split in enumerate(splits):
         ids = corpus.split_ids[split]()
+        _report_unknown(ids, corpus.vocab, split, log)
+        if i == 0:  # the first split encodes: now the folder gets the vocabulary
+            files.makedirs(records_dir)
+            corpus.vocab.save(files.join(records_dir, VOCAB_FILE))
+            files.atomic_write(files.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))
         info = write_split(ids, records_dir, split, batches[split], tgt_len, num_hosts,
                            vocab_size=len(corpus.vocab), num_passes=num_passes if split == "train" else 1,
                            dataset=corpus.name, log=log)
         log(f"{split}: {info['num_batch']} batches of {batches[split]} x {tgt_len}, "
             f"{info['num_targets']} targets -> {records_dir}")
     return records_dir
+
+
+def _refuse_other_vocabulary(records_dir, corpus):
+    """Records of another vocabulary are never overwritten (their ids would change meaning)."""
+    path = files.join(records_dir, VOCAB_FILE)
+    if files.exists(path) and json.loads(files.read_text(path)) != json.loads(json.dumps(corpus.vocab.to_dict())):
+        raise ValueError(f"{records_dir} holds records of another vocabulary ({path}); build into another "
+                         "--records_dir (nothing was changed).")
+
+
+# A vocabulary that maps more of a split than this to its unknown symbol does not fit the corpus.
+MAX_UNKNOWN_SHARE = 0.5
+
+
+def _report_unknown(ids, vocab, split, log):
+    if vocab.unk_id is None or len(ids) == 0:
+        return
+    share = float((ids == vocab.unk_id).mean())
+    if share > MAX_UNKNOWN_SHARE:
+        raise ValueError(f"{share:.0%} of the {split} split's tokens are {vocab.unk_symbol}: the vocabulary does "
+                         "not fit this corpus (another language, case, level or tokenisation?).")
+    if share > 0.05:
+        log(f"warning: {share:.1%} of the {split} split's tokens are {vocab.unk_symbol}")
 
 
 def load_corpus_info(records_dir):

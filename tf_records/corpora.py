@@ -204,7 +204,7 @@ def lm1b(data_dir, num_shuffle=4, vocab=None, **_):
 
 
 def _split_text(text, level):
-    """The position rule of LOCAL_SPLIT_RULE."""
+    """The position rule of LOCAL_SPLIT_RULE (on bytes at byte level, else characters)."""
     cuts = [int(len(text) * 0.90), int(len(text) * 0.95)]
     if level == "word":
         cuts = [text.find("\n", c) + 1 or len(text) for c in cuts]
@@ -216,41 +216,53 @@ def _file_split(relative_path):
     return "test" if bucket == 0 else "valid" if bucket == 1 else "train"
 
 
-def _split_files(paths, root, level, max_bytes=None):
+def _split_files(paths, root, level, max_bytes=None, encoding="utf-8", skip_undecodable=False):
     """LOCAL_SPLIT_RULE over files: whole files per split when there are many, so every
     split is a sample of the same kinds of file."""
+    def read(group, budget):
+        return _read_files(group, budget, None if level == "byte" else encoding, skip_undecodable)
+
     if len(paths) < FILE_SPLIT_MIN_FILES:
-        return _split_text(_read_files(paths, max_bytes), level)
+        return _split_text(read(paths, max_bytes), level)
     groups = {s: [] for s in SPLITS}
     for path in paths:
         groups[_file_split(os.path.relpath(path, root))].append(path)
     budget = {s: None if not max_bytes else int(max_bytes * share)
               for s, share in (("train", 0.9), ("valid", 0.05), ("test", 0.05))}
-    return {s: _read_files(groups[s], budget[s]) for s in SPLITS}
+    return {s: read(groups[s], budget[s]) for s in SPLITS}
 
 
-def _local_corpus(name, parts, level, lower_case=False, min_freq=1):
+def _level(level, vocab, default):
+    """The token level: --level, else the --vocab's, else the corpus's default."""
+    if vocab is not None and level is not None and level != vocab.level:
+        raise ValueError(f"--level={level} but --vocab is a {vocab.level}-level vocabulary; drop --level "
+                         "or give a vocabulary of that level.")
+    level = level or (vocab.level if vocab is not None else default)
+    if level not in ("byte", "char", "word"):
+        raise ValueError(f"Expected --level to be byte, char or word. Received: {level!r}")
+    return level
+
+
+def _local_corpus(name, parts, level, lower_case=False, min_freq=1, vocab=None):
+    """A corpus of split texts (bytes at byte level), with a counted vocabulary or `vocab`."""
     if level == "byte":
-        raw = {s: t.encode("utf-8") for s, t in parts.items()}
-        vocab = Vocabulary.from_counts(
-            Vocabulary.count_bytes((raw[s] for s in SPLITS), keep_newline=True), level="byte"
+        vocab = vocab or Vocabulary.from_counts(
+            Vocabulary.count_bytes((parts[s] for s in SPLITS), keep_newline=True), level="byte"
         )
-        encode = lambda s: vocab.encode_bytes(raw[s])  # noqa: E731
+        encode = lambda s: vocab.encode_bytes(parts[s])  # noqa: E731
     elif level == "char":
-        vocab = Vocabulary.from_counts(
+        vocab = vocab or Vocabulary.from_counts(
             Vocabulary.count_chars((parts[s] for s in SPLITS), lower_case), level="char",
             lower_case=lower_case,
         )
         encode = lambda s: vocab.encode_chars(parts[s])  # noqa: E731
-    elif level == "word":
-        counter = Vocabulary.count_lines(parts["train"].splitlines(), lower_case=lower_case)
-        vocab = Vocabulary.from_counts(
+    else:
+        counter = None if vocab else Vocabulary.count_lines(parts["train"].splitlines(), lower_case=lower_case)
+        vocab = vocab or Vocabulary.from_counts(
             counter, special=["<eos>", "<unk>"], min_freq=min_freq, lower_case=lower_case,
             add_eos=True, unk_symbol="<unk>",
         )
         encode = lambda s: vocab.encode_lines(parts[s].splitlines())  # noqa: E731
-    else:
-        raise ValueError(f"Expected --level to be byte, char or word. Received: {level!r}")
     return Corpus(name, vocab, {s: (lambda s=s: _nonempty(encode(s), name, s)) for s in SPLITS})
 
 
@@ -270,30 +282,50 @@ def text_files(pattern):
     return found
 
 
-def _read_files(paths, max_bytes=None):
-    out, total = io.StringIO(), 0
+def _decode(data, path, encoding):
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not valid {encoding} at byte {e.start} ({e.reason}); pass its encoding "
+                         "(e.g. --encoding=latin-1), or --level=byte to read raw bytes.") from None
+
+
+def _read_files(paths, max_bytes=None, encoding=None, skip_undecodable=False):
+    """The files joined, each ending in a newline: raw bytes (`encoding=None`, byte level)
+    or text decoded strictly (an error names the file and byte offset; with
+    `skip_undecodable` such files are left out). At most `max_bytes` bytes or characters."""
+    parts, total = [], 0
+    newline = "\n" if encoding else b"\n"
     for path in paths:
-        text = files.read_bytes(path).decode("utf-8", errors="replace")
-        out.write(text)
-        if not text.endswith("\n"):
-            out.write("\n")
-        total += len(text)
+        data = files.read_bytes(path)
+        if encoding:
+            try:
+                data = _decode(data, path, encoding)
+            except ValueError:
+                if skip_undecodable:
+                    continue
+                raise
+        parts.append(data if data.endswith(newline) else data + newline)
+        total += len(parts[-1])
         if max_bytes and total >= max_bytes:
             break
-    text = out.getvalue()
-    return text[:max_bytes] if max_bytes else text
+    joined = newline[:0].join(parts)
+    return joined[:max_bytes] if max_bytes else joined
 
 
-def local_text(text, level="byte", lower_case=False, min_freq=1, max_bytes=None, **_):
-    """Any local text: files in sorted order, split by LOCAL_SPLIT_RULE."""
+def local_text(text, level=None, lower_case=False, min_freq=1, max_bytes=None, encoding="utf-8", vocab=None,
+               **_):
+    """Any local text: files in sorted order, split by LOCAL_SPLIT_RULE; byte level by
+    default (or the level of `vocab`), char and word levels decode `encoding` strictly."""
     found = text_files(text)
     if files.is_local(text):
         found = [os.path.abspath(f) for f in found]
     root = text if files.isdir(text) else files.dirname(os.path.commonpath(found))
     if files.is_local(text):
         root = os.path.abspath(root)
-    parts = _split_files(found, root, level, max_bytes)
-    return _local_corpus("text", parts, level, lower_case, min_freq)
+    level = _level(level, vocab, "byte")
+    parts = _split_files(found, root, level, max_bytes, encoding)
+    return _local_corpus("text", parts, level, lower_case, min_freq, vocab)
 
 
 def stdlib_files():
@@ -308,16 +340,19 @@ def stdlib_files():
     return found
 
 
-def stdlib(level="byte", max_bytes=8_000_000, **_):
+def stdlib(level=None, max_bytes=8_000_000, vocab=None, **_):
     """The default corpus: this interpreter's standard-library sources, byte level, split
     by file (LOCAL_SPLIT_RULE); with `max_bytes`, files are taken in crc32 order so the
-    sample is not one alphabetical corner of the library."""
+    sample is not one alphabetical corner of the library. At char and word level the few
+    test files that are deliberately not UTF-8 are left out."""
     root = sysconfig.get_paths()["stdlib"]
     paths = sorted(stdlib_files(), key=lambda p: zlib.crc32(os.path.relpath(p, root).encode("utf-8")))
-    return _local_corpus("stdlib", _split_files(paths, root, level, max_bytes), level)
+    level = _level(level, vocab, "byte")
+    parts = _split_files(paths, root, level, max_bytes, skip_undecodable=True)
+    return _local_corpus("stdlib", parts, level, vocab=vocab)
 
 
-def tfds_text(name, data_dir=None, level="char", lower_case=False, min_freq=1, download=False, **_):
+def tfds_text(name, data_dir=None, level=None, lower_case=False, min_freq=1, download=False, vocab=None, **_):
     """A text dataset of TensorFlow Datasets: each split's string feature joined by lines."""
     import tensorflow_datasets as tfds
 
@@ -341,15 +376,17 @@ def tfds_text(name, data_dir=None, level="char", lower_case=False, min_freq=1, d
             except Exception as e:  # unknown split, or not prepared
                 errors.append(f"{candidate}: {str(e).splitlines()[0]}")
                 continue
-            return "\n".join(ex[feature].decode("utf-8") for ex in tfds.as_numpy(ds))
+            text = "\n".join(_decode(ex[feature], f"tfds:{name} {candidate}", "utf-8") for ex in tfds.as_numpy(ds))
+            return text.encode("utf-8") if level == "byte" else text
         raise FileNotFoundError(
             f"tfds:{name} has no readable {split} split in {data_dir or '~/tensorflow_datasets'} "
             f"({'; '.join(errors)}). Add --download to fetch and prepare it, or pass "
             "--tfds_data_dir where it was prepared."
         )
 
+    level = _level(level, vocab, "char")
     parts = {s: read(s) for s in SPLITS}
-    return _local_corpus(f"tfds:{name}", parts, level, lower_case, min_freq)
+    return _local_corpus(f"tfds:{name}", parts, level, lower_case, min_freq, vocab)
 
 
 LOADERS = {

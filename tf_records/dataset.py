@@ -1,6 +1,7 @@
 """TFRecords -> `tf.data` pipelines of per-replica `(inputs, targets)` stream batches."""
 
 import json
+import re
 
 import tensorflow as tf
 
@@ -145,6 +146,7 @@ def verify_records(info):
             for _ in tf.data.TFRecordDataset(path).map(_parse):
                 count += 1
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            raise ValueError(f"Record file {path} is corrupt ({e.message.splitlines()[0]}); rebuild the records.") from None
+            reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", e.message.splitlines()[0])
+            raise ValueError(f"Record file {path} is corrupt ({reason}); rebuild the records.") from None
         if count != info["num_batch"]:
             raise ValueError(f"Record file {path} holds {count} chunks, not {info['num_batch']}; rebuild the records.")

@@ -178,6 +178,12 @@ def copy(source, target, overwrite=True):
         gfile.copy(source, target, overwrite=overwrite)
 
 
+def rename(source, target):
+    """Rename a file or folder (a copy and delete on object stores)."""
+    with reporting(target):
+        gfile.rename(source, target)
+
+
 @contextlib.contextmanager
 def local_output(path):
     """Yield a local file path to write; on success it becomes `path` atomically (see the

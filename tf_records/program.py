@@ -1,7 +1,7 @@
 """Running a command-line program: a usage or input error is one line, not a traceback.
 
-`run(main)` is `absl.app.run(main)` where a usage error (`app.UsageError`, a bad flag)
-prints `error: ...` and exits 2, and a failure the user can fix (a missing or damaged
+`run(main)` is `absl.app.run(main)` where a usage error (`app.UsageError`, an unknown
+flag, a flag value outside its bounds) prints `error: ...` and exits 2, and a failure the user can fix (a missing or damaged
 file, a value out of its domain, an unreachable bucket) prints `error: ...` and exits 1.
 `--verbosity=1` (or higher) shows the traceback as well.
 """
@@ -36,4 +36,13 @@ def run(main):
             sys.stderr.write(f"error: {_one_line(e)}\n")
             sys.exit(1)
 
-    app.run(guarded)
+    app.run(guarded, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv):
+    """absl's flag parsing, a bad flag reported as a usage error (one line, exit 2)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.stderr.write(f"error: {_one_line(e)} (see --help)\n")
+        sys.exit(2)

@@ -62,6 +62,18 @@ def read_config(model_dir):
         raise RunFolderError(f"{path} is not a valid model config: {e}") from None
 
 
+def require_config(model_dir):
+    """The TransformerXLConfig of an existing run folder, or a RunFolderError saying what to pass."""
+    what = ("pass the --model_dir of a training run (train_gpu.py) or of converted weights "
+            "(python -m txl_keras.convert)")
+    if not files.isdir(model_dir):
+        raise RunFolderError(f"No run folder at {model_dir}; {what}.")
+    config = read_config(model_dir)
+    if config is None:
+        raise RunFolderError(f"No {CONFIG} in {model_dir}; {what}.")
+    return config
+
+
 def config_differences(old, new):
     """`["field: old in ..., new requested"]` for every field where two configs differ."""
     a, b = old.to_dict(), new.to_dict()
@@ -192,6 +204,17 @@ def save_best(model_dir, model, step, results):
     return files.join(model_dir, name)
 
 
+def set_aside(path):
+    """Rename a damaged checkpoint folder to `<name>.damaged[-N]` (kept for inspection,
+    out of the way of a new checkpoint of its step). Returns the new path."""
+    target, n = f"{path}.damaged", 1
+    while files.exists(target):
+        n += 1
+        target = f"{path}.damaged-{n}"
+    files.rename(path, target)
+    return target
+
+
 def load_state(path):
     """The numpy arrays saved beside the weights of a checkpoint folder."""
     state_path = files.join(path, STATE)
@@ -247,10 +270,7 @@ def load_weights(model, path):
 def load_trained_model(model_dir, checkpoint=None, **model_kwargs):
     """A TransformerXLLM from a run folder (`config.json` + a checkpoint, default the
     latest)."""
-    config = read_config(model_dir)
-    if config is None:
-        raise RunFolderError(f"No {CONFIG} in {model_dir}; pass the --model_dir of a training run "
-                             "(train_gpu.py) or a converted model (python -m txl_keras.convert).")
+    config = require_config(model_dir)
     if checkpoint is None:
         _, checkpoint = latest_checkpoint(model_dir)
         if checkpoint is None:

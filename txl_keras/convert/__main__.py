@@ -25,9 +25,9 @@ flags.DEFINE_string("pytorch_state_dict", None, "A torch.save'd state dict (need
 flags.DEFINE_string("config_json", None, "TransformerXLConfig JSON (required for PyTorch).")
 flags.DEFINE_string("cache_pkl", None, "The original cache.pkl, to save its vocabulary.")
 flags.DEFINE_string("output", None, "A new or empty folder for config.json, vocab.json and a checkpoint.")
-flags.DEFINE_integer("tgt_len", 128, "Segment length to evaluate with.")
-flags.DEFINE_integer("mem_len", 1600, "Memory length to evaluate with.")
-flags.DEFINE_integer("clamp_len", 1000, "clamp_len to evaluate with.")
+flags.DEFINE_integer("tgt_len", 128, "Segment length to evaluate with.", lower_bound=1)
+flags.DEFINE_integer("mem_len", 1600, "Memory length to evaluate with.", lower_bound=0)
+flags.DEFINE_integer("clamp_len", 1000, "clamp_len to evaluate with (-1 or 0: no clamping).", lower_bound=-1)
 flags.DEFINE_bool("same_length", True, "same_length to evaluate with.")
 
 

@@ -17,8 +17,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training folder (config.json and checkpoints).")
 flags.DEFINE_string("checkpoint", None, "Checkpoint folder (default: the latest in --model_dir).")
 flags.DEFINE_string("output", None, "Where to write the SavedModel (a new or empty folder).")
-flags.DEFINE_integer("mem_len", None, "Memory length to serve with (default: the config's).")
-flags.DEFINE_integer("clamp_len", None, "clamp_len to serve with.")
+flags.DEFINE_integer("mem_len", None, "Memory length to serve with (default: the config's).", lower_bound=0)
+flags.DEFINE_integer("clamp_len", None, "clamp_len to serve with (-1 or 0: no clamping).", lower_bound=-1)
 flags.DEFINE_bool("same_length", None, "same_length to serve with.")
 
 

@@ -13,21 +13,22 @@ from absl import app, flags
 from tf_records import files, program
 from tf_records.vocabulary import Vocabulary
 from txl_keras.generate import generate
-from txl_keras.run_folder import VOCAB, load_trained_model
+from txl_keras.run_folder import VOCAB, load_trained_model, require_config
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json, checkpoints).")
 flags.DEFINE_string("checkpoint", None, "Checkpoint folder (default: the latest).")
 flags.DEFINE_string("vocab", None, "vocab.json (default: the one in --model_dir).")
 flags.DEFINE_string("prompt", "", "Text to continue.")
-flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate (>= 0).")
-flags.DEFINE_float("temperature", 1.0, "Sampling temperature (0: greedy).")
-flags.DEFINE_integer("top_k", 0, "Keep only the k most likely tokens (0: all).")
-flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1] (1: all tokens).")
-flags.DEFINE_integer("seed", 0, "Sampling seed, in [0, 2**31).")
+flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate (>= 0).", lower_bound=0)
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature (0: greedy).", lower_bound=0.0)
+flags.DEFINE_integer("top_k", 0, "Keep only the k most likely tokens (0: all).", lower_bound=0)
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1] (1: all tokens).", lower_bound=0.0,
+                   upper_bound=1.0)
+flags.DEFINE_integer("seed", 0, "Sampling seed, in [0, 2**31).", lower_bound=0, upper_bound=2**31 - 1)
 flags.DEFINE_string("stop", None, "Stop symbol (e.g. <eos>); printing ends at it.")
-flags.DEFINE_integer("mem_len", None, "Memory length (default: the config's).")
-flags.DEFINE_integer("clamp_len", None, "clamp_len for generation.")
+flags.DEFINE_integer("mem_len", None, "Memory length (default: the config's).", lower_bound=0)
+flags.DEFINE_integer("clamp_len", None, "clamp_len for generation (-1 or 0: no clamping).", lower_bound=-1)
 
 
 def main(argv):
@@ -35,6 +36,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
+    require_config(FLAGS.model_dir)
     vocab = Vocabulary.load(FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB))
     stop = None
     if FLAGS.stop:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 
 from txl_keras.layers.adaptive_embedding import check_cutoffs
 
@@ -61,12 +62,38 @@ class TransformerXLConfig:
     cluster_order: str = "tf"
 
     def __post_init__(self):
-        self.cutoffs = [int(c) for c in self.cutoffs]
         if self.d_embed is None:
             self.d_embed = self.d_model
+        self._check_types()
+        self.cutoffs = list(self.cutoffs)
         if self.tie_projs is not None:
-            self.tie_projs = [bool(t) for t in self.tie_projs]
+            self.tie_projs = list(self.tie_projs)
         self.validate()
+
+    def _check_types(self):
+        """Every field has its type: no string "false" counted as True, no 2.5 truncated to 2."""
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "cutoffs":
+                ok = isinstance(value, (list, tuple)) and all(is_int(c) for c in value)
+                expected = "a list of integers"
+            elif f.name == "tie_projs":
+                ok = value is None or isinstance(value, (list, tuple)) and all(isinstance(t, bool) for t in value)
+                expected = "None or a list of booleans (true/false, not strings)"
+            elif f.type is bool:
+                ok, expected = isinstance(value, bool), "a boolean (true/false, not a string)"
+            elif f.type is int:
+                ok, expected = is_int(value), "an integer"
+            elif f.type is float:
+                ok = (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+                expected = "a finite number"
+            else:
+                ok, expected = isinstance(value, str), "a string"
+            if not ok:
+                self._fail(f.name, expected)
 
     def _fail(self, name, expected):
         raise ValueError(
@@ -83,8 +110,11 @@ class TransformerXLConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 self._fail(name, "a non-negative integer")
-        if not isinstance(self.clamp_len, int):
-            self._fail("clamp_len", "an integer (<= 0 disables clamping)")
+        if self.clamp_len < -1:
+            self._fail("clamp_len", "-1 or 0 (no clamping) or a positive integer")
+        for name in ("init_std", "proj_init_std", "init_range", "layer_norm_epsilon"):
+            if not getattr(self, name) > 0:
+                self._fail(name, "> 0")
         for name in ("dropout", "dropatt"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 self._fail(name, "in [0, 1)")

@@ -172,6 +172,12 @@ class TransformerXL(keras.Model):
             raise ValueError(
                 f"Expected `tokens` of shape (batch_size, time). Received shape {tuple(tokens.shape)}"
             )
+        dtype = keras.backend.standardize_dtype(tokens.dtype)
+        if not dtype.startswith(("int", "uint")):
+            raise ValueError(
+                f"Expected integer token ids. Received dtype {dtype}; cast them (e.g. "
+                "ids.astype('int32')) - float ids are not truncated silently."
+            )
         if _is_concrete(tokens):
             values = ops.convert_to_numpy(tokens)
             if values.size and (values.min() < 0 or values.max() >= c.n_token):

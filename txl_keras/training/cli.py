@@ -45,13 +45,15 @@ def define_flags():
     flags.DEFINE_string("dataset", None, "Corpus to build records from when --data_dir is not given "
                         "(see python -m tf_records; default: the run preset's, else stdlib, which needs no download).")
     flags.DEFINE_string("corpus_info_path", None, "corpus-info.json (default: in --data_dir).")
-    flags.DEFINE_integer("num_hosts", 1, "Hosts (input pipelines) the records were built for.")
-    flags.DEFINE_integer("num_core_per_host", None, "Replicas per host (default: all local devices).")
+    flags.DEFINE_integer("num_hosts", 1, "Hosts (input pipelines) the records were built for.", lower_bound=1)
+    flags.DEFINE_integer("num_core_per_host", None, "Replicas per host (default: all local devices).",
+                         lower_bound=1)
     flags.DEFINE_bool("do_train", True, "Train.")
     flags.DEFINE_bool("do_eval", True, "Evaluate on --eval_split after training.")
     flags.DEFINE_bool("do_eval_only", False, "Evaluate every checkpoint in --model_dir and report the best.")
     flags.DEFINE_string("eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).")
-    flags.DEFINE_integer("start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.")
+    flags.DEFINE_integer("start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.",
+                         lower_bound=0)
     for field in dataclasses.fields(TrainConfig):
         if field.name == "records_dir":
             continue  # --data_dir
@@ -98,13 +100,34 @@ def _model_base():
     return "preset", name
 
 
+def _model_overrides():
+    return {n: FLAGS[n].value for n, _ in MODEL_FLAGS if FLAGS[n].value is not None}
+
+
+def _config_from_json(base, overrides):
+    try:
+        return TransformerXLConfig.from_dict(base).replace(**overrides)
+    except ValueError as e:
+        raise ValueError(f"--config={FLAGS.config}: {e}") from None
+
+
+def check_model_flags():
+    """The model's settings against their domains before anything is built or written
+    (the vocabulary and cutoffs come later, from the corpus)."""
+    kind, base = _model_base()
+    if kind == "json":
+        _config_from_json(base, _model_overrides())
+    else:
+        TransformerXLConfig.from_preset(base, cutoffs=[], **_model_overrides())
+
+
 def model_config(corpus_info):
     """The preset (or config.json) with the flags' overrides; a preset takes its
     vocabulary size and cutoffs from the corpus, a config.json must have its size."""
-    overrides = {n: FLAGS[n].value for n, _ in MODEL_FLAGS if FLAGS[n].value is not None}
+    overrides = _model_overrides()
     kind, base = _model_base()
     if kind == "json":
-        config = TransformerXLConfig.from_dict(base).replace(**overrides)
+        config = _config_from_json(base, overrides)
         if config.n_token != corpus_info["vocab_size"]:
             raise ValueError(
                 f"{FLAGS.config} has n_token={config.n_token} but the records have a vocabulary of "
@@ -147,6 +170,11 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         raise ValueError("--model_dir is required (the run folder) unless --config is a run preset.")
     for path in (tc.model_dir, tc.records_dir):
         files.check_access(path)
+    check_model_flags()
+    for flag, path in (("warm_start_path", tc.warm_start_path), ("eval_ckpt_path", FLAGS.eval_ckpt_path)):
+        if path and not files.exists(run_folder.weights_path(path)):
+            raise ValueError(f"--{flag}={path}: no weights there; give a checkpoint folder (ckpt-NNNNNNNN) "
+                             "or a .weights.h5 file.")
     cores = strategy.num_replicas_in_sync // num_hosts
     if is_chief:  # only the chief builds missing default records; other workers read them
         prepare_data(tc, cores, log)

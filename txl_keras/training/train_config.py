@@ -10,6 +10,7 @@ import dataclasses
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("cosine", "inv_sqrt", "constant")
 EVAL_SPLITS = ("valid", "test")
+_KIND_NAMES = {bool: "a boolean (true/false, not a string)", int: "an integer", float: "a number", str: "a string"}
 
 
 def _field(default, help, choices=None):
@@ -67,13 +68,13 @@ class TrainConfig:
             value, kind = getattr(self, f.name), f.type
             if value is None:
                 if f.default is not None:
-                    self._fail(f.name, f"a {kind.__name__}")
+                    self._fail(f.name, _KIND_NAMES[kind])
                 continue
             ok = isinstance(value, bool) if kind is bool else (
                 isinstance(value, kind) and not isinstance(value, bool) or
                 (kind is float and isinstance(value, int) and not isinstance(value, bool)))
             if not ok:
-                self._fail(f.name, f"a {kind.__name__}")
+                self._fail(f.name, _KIND_NAMES[kind])
             if f.metadata.get("choices") and value not in f.metadata["choices"]:
                 self._fail(f.name, f"one of {f.metadata['choices']}")
         for name in ("train_batch_size", "eval_batch_size", "train_steps", "iterations", "batch_chunk",

@@ -8,6 +8,7 @@ per-replica variables, so it persists across steps and host-loop calls, and it i
 in checkpoints with everything else needed to resume bit for bit.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_records import distributed_dataset_fn, files, load_record_info
+from tf_records import distributed_dataset_fn, files, load_record_info, verify_records
 from txl_keras import run_folder
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.models.flops import model_flops_per_token
@@ -57,6 +58,16 @@ def _summary(name, value, plugin="scalars"):
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin))
     tensor = tf.constant(value, tf.string if plugin == "text" else tf.float32)
     tf.summary.write(name, tensor, metadata=metadata)
+
+
+@contextlib.contextmanager
+def _naming_damaged_records(info):
+    """A read error deep inside the input pipeline becomes an error naming the damaged file."""
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError):
+        verify_records(info)  # raises a ValueError that names the file, if one is damaged
+        raise
 
 
 class Trainer:
@@ -118,6 +129,7 @@ class Trainer:
         self._eval_fns = {}  # evaluation settings -> compiled steps and their memories
         self._writers = {}  # TensorBoard run name -> summary writer (chief only)
         self.last_eval = None  # (step, results) of the latest evaluation
+        self.damaged = set()  # checkpoints found damaged when resuming
         self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) \
             if train_config.xla else self._forward_backward_impl
 
@@ -247,7 +259,8 @@ class Trainer:
                 if every:
                     boundary = min(boundary, (step // every + 1) * every)
             start = time.time()
-            loss_sum, gnorm_sum, done, bad = self._train_fn(iterator, tf.constant(boundary - step, tf.int64))
+            with _naming_damaged_records(info):
+                loss_sum, gnorm_sum, done, bad = self._train_fn(iterator, tf.constant(boundary - step, tf.int64))
             elapsed = time.time() - start
             step = int(self.step.numpy())
             self._iterator[0] = step
@@ -307,6 +320,10 @@ class Trainer:
         return files.join(self.tc.model_dir, f"worker-{worker}")
 
     def save(self):
+        step = int(self.step.numpy())
+        damaged = files.join(self._worker_dir(), run_folder.checkpoint_name(step))
+        if damaged in self.damaged and files.exists(damaged):
+            self.log(f"moved the damaged {damaged} to {run_folder.set_aside(damaged)}")
         path = run_folder.save_checkpoint(self._worker_dir(), int(self.step.numpy()), self.model,
                                            self._state(), self.tc.keep_checkpoint_max)
         self.log(f"saved {path}")
@@ -344,17 +361,31 @@ class Trainer:
         run_folder.load_weights(self.model, path)
 
     def restore_or_warm_start(self):
-        """Resume from the latest checkpoint of this worker, else warm-start if asked.
-        Returns whether weights were loaded."""
+        """Resume from the newest complete checkpoint of this worker, else warm-start if
+        asked. A damaged checkpoint (truncated weights, empty state) is reported by name
+        and left in place; the one before it is used. Returns whether weights were loaded."""
         self._started = True
-        step, path = run_folder.latest_checkpoint(self._worker_dir())
-        if path:
-            self.restore(path)
+        found = run_folder.list_checkpoints(self._worker_dir())
+        for step, path in reversed(found):
+            try:
+                self.restore(path)
+            except run_folder.RunFolderError as e:
+                self.damaged.add(path)
+                # logged by every worker: each resumes from its own folder
+                print(f"warning: the checkpoint {path} is damaged ({e}); it is left in place and the "
+                      "checkpoint before it is used.", file=sys.stderr, flush=True)
+                continue
             self.log(f"resumed from {path} (step {step})")
-        elif self.tc.warm_start_path:
+            return True
+        if found:
+            raise run_folder.RunFolderError(
+                f"Every checkpoint in {self._worker_dir()} is damaged (see the warnings above); move them "
+                "away to start afresh.")
+        if self.tc.warm_start_path:
             self.load_weights(self.tc.warm_start_path)
             self.log(f"warm start from {self.tc.warm_start_path}")
-        return bool(path or self.tc.warm_start_path)
+            return True
+        return False
 
     # -- evaluation ------------------------------------------------------------------------
 
@@ -449,12 +480,13 @@ class Trainer:
         batches = info["num_batch"] if tc.max_eval_batch <= 0 else min(tc.max_eval_batch, info["num_batch"])
         report = _progress(batches, f"eval {split}", self.log if progress else None)
         total, count = 0.0, 0
-        for i, (inputs, targets) in enumerate(dataset):
-            if i >= batches:
-                break
-            nll, n = eval_step(inputs, targets)
-            total, count = total + float(nll), count + int(n)
-            report(i + 1, total / max(count, 1))
+        with _naming_damaged_records(info):
+            for i, (inputs, targets) in enumerate(dataset):
+                if i >= batches:
+                    break
+                nll, n = eval_step(inputs, targets)
+                total, count = total + float(nll), count + int(n)
+                report(i + 1, total / max(count, 1))
         loss = total / max(count, 1)
         result = {"loss": loss, "ppl": math.exp(min(loss, 50)), "bpc": loss / LN2, "tokens": count,
                   "expected_tokens": info["num_targets"], "split": split}
