@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, build, env, run, train_command, write_corpus
+from helpers import build, env, run, train_command, write_corpus
 
 from tf_records.vocabulary import Vocabulary
 from txl_keras import TransformerXLConfig, run_folder
