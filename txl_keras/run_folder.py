@@ -276,6 +276,5 @@ def load_trained_model(model_dir, checkpoint=None, **model_kwargs):
         if checkpoint is None:
             raise RunFolderError(f"No complete checkpoint in {model_dir}.")
     model = TransformerXLLM(config, **model_kwargs)
-    model.build((None, config.tgt_len))
     load_weights(model, checkpoint)
     return model

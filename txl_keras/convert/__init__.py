@@ -182,7 +182,6 @@ def from_tf_checkpoint(path, config=None, **overrides):
     if config is None:
         config = _infer_config(arrays, {**TF_QUIRKS, **overrides})
     model = TransformerXLLM(config)
-    model.build((None, config.tgt_len))
     _assign(model, arrays, f"TF checkpoint {path}")
     return model
 
@@ -266,7 +265,6 @@ def from_pytorch_state_dict(state_dict, config, strict=True):
         for i in range(len(bounds) - 1):
             arrays[f"adaptive_softmax/cutoff_{i}/b"] = bias[bounds[i]:bounds[i + 1]]
     model = TransformerXLLM(config)
-    model.build((None, config.tgt_len))
     _assign(model, arrays, "PyTorch state dict")
     return model
 

@@ -32,12 +32,9 @@ def export_saved_model(model, path, mem_len=None, clamp_len=None, same_length=No
     """Write `model` (a TransformerXLLM) as a SavedModel with explicit memory.
 
     `mem_len`, `clamp_len`, `same_length` default to the model's config (pass the
-    evaluation settings to serve with a longer memory). An unbuilt model is built from
-    its config.
+    evaluation settings to serve with a longer memory).
     """
     serving = model.config.with_memory(mem_len, clamp_len, same_length)
-    if not model.built:
-        model.build((None, serving.tgt_len))
     signatures = _signatures(model, serving)
     archive = keras.export.ExportArchive()
     archive.track(model)

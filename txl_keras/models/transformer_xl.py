@@ -84,6 +84,9 @@ class TransformerXL(keras.Model):
     ((2, 8, 16), (2, 8, 16))
     """
 
+    # No SavedModel signature feeding float32 tokens (Keras's TF backend default); see TransformerXLLM.
+    _default_save_signature = None
+
     def __init__(self, config, stateful=False, batch_size=None, **kwargs):
         super().__init__(**kwargs)
         config = as_config(config)
@@ -135,8 +138,11 @@ class TransformerXL(keras.Model):
             dtype=self.dtype_policy,
             name="memory",
         )
+        self.build()  # every shape is known from the config
 
     def build(self, tokens_shape=None):
+        if self.built:  # built on construction; the weights do not depend on the batch or time
+            return
         c = self.config
         tokens_shape = tuple(tokens_shape or (None, c.tgt_len))
         hidden_shape = tokens_shape[:2] + (c.d_model,)

@@ -53,6 +53,11 @@ class TransformerXLLM(keras.Model):
     (2, 8)
     """
 
+    # Keras's TensorFlow backend would add a SavedModel signature feeding tokens of the
+    # compute dtype (float32), which the integer-id check refuses; `txl_keras.export`
+    # writes the model's own int32 endpoints instead.
+    _default_save_signature = None
+
     def __init__(self, config, stateful=False, batch_size=None, tail_mode="auto", **kwargs):
         super().__init__(**kwargs)
         config = as_config(config)
@@ -81,8 +86,11 @@ class TransformerXLLM(keras.Model):
             dtype=self.dtype_policy,
             name="adaptive_softmax",
         )
+        self.build()
 
     def build(self, tokens_shape=None):
+        if self.built:  # built on construction (so Keras never traces it with placeholder inputs)
+            return
         tokens_shape = tuple(tokens_shape or (None, self.config.tgt_len))
         self.backbone.build(tokens_shape)
         self.softmax.build(tokens_shape + (self.config.d_model,), tokens_shape)

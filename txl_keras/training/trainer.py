@@ -114,7 +114,6 @@ class Trainer:
                 model_config, tail_mode="dense" if self.compiled else "auto",
                 dtype=train_config.precision, name="transformer_xl_lm",
             )
-            self.model.build((None, model_config.tgt_len))
             self.memory = self._memory(model_config.mem_len, self.per_replica)
             self.optimizer = Adam(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
