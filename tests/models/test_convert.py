@@ -3,8 +3,6 @@ independent numpy forward pass (tests/reference.py) fed the original arrays."""
 
 import os
 import pickle
-import sys
-import types
 
 import keras
 import numpy as np
@@ -12,62 +10,21 @@ import pytest
 from conftest import to_np
 
 import reference
-from txl_keras.convert import (ConversionError, from_pytorch_state_dict, from_tf_checkpoint,
-                               load_cache_vocab, PT_QUIRKS)
+from original_formats import CASES, DH, DI, D, H, L, tf_arrays, write_cache_pkl, write_tf_checkpoint
+from txl_keras.convert import ConversionError, from_pytorch_state_dict, from_tf_checkpoint, load_cache_vocab
 
 pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TF checkpoints")
 
-L, D, H, DH, DI = 2, 8, 2, 4, 12
-
-
-def tf_arrays(rng, n_token, cutoffs, div_val, d_embed, untie_r, share_tail_projs, proj_same_dim):
-    """Variables of tf/model.py for this setting, named and shaped as in its checkpoints,
-    with the softmax projection of each cluster as the TF code picks it."""
-    g = lambda *shape: rng.normal(0, 0.3, shape).astype("float32")  # noqa: E731
-    a = {}
-    bias_shape = (L, H, DH) if untie_r else (H, DH)
-    a["transformer/r_w_bias"], a["transformer/r_r_bias"] = g(*bias_shape), g(*bias_shape)
-    bounds = [0] + cutoffs + [n_token]
-    emb_projs = []
-    if div_val == 1:
-        a["transformer/adaptive_embed/lookup_table"] = g(n_token, d_embed)
-        if d_embed != D:
-            a["transformer/adaptive_embed/proj_W"] = g(d_embed, D)
-        emb_projs = [a.get("transformer/adaptive_embed/proj_W")] * (len(bounds) - 1)
-    else:
-        for i in range(len(bounds) - 1):
-            w = d_embed // div_val**i
-            a[f"transformer/adaptive_embed/cutoff_{i}/lookup_table"] = g(bounds[i + 1] - bounds[i], w)
-            if not (w == D and not proj_same_dim):
-                a[f"transformer/adaptive_embed/cutoff_{i}/proj_W"] = g(w, D)
-            emb_projs.append(a.get(f"transformer/adaptive_embed/cutoff_{i}/proj_W"))
-    for l in range(L):
-        p = f"transformer/layer_{l}/"
-        a[p + "rel_attn/qkv/kernel"], a[p + "rel_attn/r/kernel"] = g(D, 3 * H * DH), g(D, H * DH)
-        a[p + "rel_attn/o/kernel"] = g(H * DH, D)
-        a[p + "rel_attn/LayerNorm/gamma"], a[p + "rel_attn/LayerNorm/beta"] = 1 + g(D), g(D)
-        a[p + "ff/layer_1/kernel"], a[p + "ff/layer_1/bias"] = g(D, DI), g(DI)
-        a[p + "ff/layer_2/kernel"], a[p + "ff/layer_2/bias"] = g(DI, D), g(D)
-        a[p + "ff/LayerNorm/gamma"], a[p + "ff/LayerNorm/beta"] = 1 + g(D), g(D)
-    softmax_projs = []
-    if not cutoffs:
-        a["transformer/adaptive_softmax/bias"] = g(n_token)
-        softmax_projs = [emb_projs[0]]
-    else:
-        a["transformer/adaptive_softmax/cutoff_0/cluster_W"] = g(len(cutoffs), d_embed)
-        a["transformer/adaptive_softmax/cutoff_0/cluster_b"] = g(len(cutoffs))
-        for i in range(len(bounds) - 1):
-            a[f"transformer/adaptive_softmax/cutoff_{i}/b"] = g(bounds[i + 1] - bounds[i])
-            w = d_embed // div_val**i
-            if i > 0 and share_tail_projs:
-                softmax_projs.append(emb_projs[i])
-            elif (div_val == 1 or not proj_same_dim) and w == D:
-                softmax_projs.append(None)
-            else:
-                a[f"transformer/adaptive_softmax/cutoff_{i}/proj"] = g(w, D)
-                softmax_projs.append(a[f"transformer/adaptive_softmax/cutoff_{i}/proj"])
-    return a, softmax_projs
-
+# Each source's numerics, written from the reference notes (not read from txl_keras.convert):
+# TF code: attended zero memory, mem_len + 1 keys per query with same_length, head column
+# cutoffs[0] + i - 1 for cluster i, LayerNorm epsilon 1e-12. Original PyTorch: no first
+# memory, mem_len keys, column -i, 1e-5. Hugging Face: zero memory (init_mems), the PyTorch
+# mask, the TF column order (cluster_prob_idx), 1e-5.
+TF_CODE = {"mem_init": "zeros", "same_length_convention": "tf", "cluster_order": "tf", "layer_norm_epsilon": 1e-12}
+PT_CODE = {"mem_init": "empty", "same_length_convention": "pytorch", "cluster_order": "pytorch",
+           "layer_norm_epsilon": 1e-5}
+HF_CODE = {"mem_init": "zeros", "same_length_convention": "pytorch", "cluster_order": "tf",
+           "layer_norm_epsilon": 1e-5}
 
 def reference_weights(a, softmax_projs, n_token, cutoffs, div_val):
     bounds = [0] + cutoffs + [n_token]
@@ -103,30 +60,6 @@ def reference_weights(a, softmax_projs, n_token, cutoffs, div_val):
     return {k: v for k, v in w.items()}
 
 
-def write_tf_checkpoint(path, arrays):
-    import tensorflow as tf
-
-    graph = tf.Graph()
-    with graph.as_default():
-        for name, value in arrays.items():
-            tf.compat.v1.Variable(value, name=name)
-            tf.compat.v1.Variable(np.zeros_like(value), name=name + "/Adam")  # dropped
-            tf.compat.v1.Variable(np.zeros_like(value), name=name + "/Adam_1")
-        tf.compat.v1.Variable(np.int64(7), name="global_step")
-        saver = tf.compat.v1.train.Saver()
-        with tf.compat.v1.Session(graph=graph) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            return saver.save(session, path)
-
-
-CASES = {  # name: (n_token, cutoffs, div_val, d_embed, untie_r, proj_share_all_but_first, proj_same_dim)
-    "wt103": (30, [6, 14], 2, D, True, True, True),
-    "lm1b": (30, [6, 14], 2, D, True, False, False),
-    "enwik8": (20, [], 1, D, False, False, True),
-    "div_val_1_adaptive": (30, [6, 14], 1, 12, True, True, True),
-}
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_tf_checkpoint_reproduces_the_tf_forward_pass(tmp_path, case):
     n_token, cutoffs, div_val, d_embed, untie_r, share, same_dim = CASES[case]
@@ -136,7 +69,8 @@ def test_tf_checkpoint_reproduces_the_tf_forward_pass(tmp_path, case):
     model = from_tf_checkpoint(prefix, tgt_len=3, mem_len=4, same_length=True, clamp_len=3)
     c = model.config
     assert (c.n_layer, c.n_token, c.cutoffs, c.div_val, c.untie_r) == (L, n_token, cutoffs, div_val, untie_r)
-    assert (c.mem_init, c.same_length_convention, c.layer_norm_epsilon) == ("zeros", "tf", 1e-12)
+    assert {k: getattr(c, k) for k in TF_CODE} == TF_CODE
+    reference_config = c.replace(**TF_CODE)  # the quirks from here, not from the converter
     w = reference_weights(arrays, softmax_projs, n_token, cutoffs, div_val)
     x = rng.integers(0, n_token, (2, 3)).astype("int32")
     y = rng.integers(0, n_token, (2, 3)).astype("int32")
@@ -144,7 +78,7 @@ def test_tf_checkpoint_reproduces_the_tf_forward_pass(tmp_path, case):
     out = None
     for _ in range(2):  # two segments
         out = model(x, targets=y, mems=None if out is None else out["mems"], return_log_probs=True)
-        _, mems, log_probs = reference.model_forward(w, c, x, mems)
+        _, mems, log_probs = reference.model_forward(w, reference_config, x, mems)
         np.testing.assert_allclose(to_np(out["log_probs"]), log_probs, atol=2e-4)
 
 
@@ -186,58 +120,45 @@ def test_pytorch_state_dict(tmp_path, naming):
         sd[f"layers.{l}.pos_ff.layer_norm.weight"] = t(p + "ff/LayerNorm/gamma")
         sd[f"layers.{l}.pos_ff.layer_norm.bias"] = t(p + "ff/LayerNorm/beta")
     from txl_keras import TransformerXLConfig
-    from txl_keras.convert import HF_QUIRKS
 
-    quirks = PT_QUIRKS
+    expected = PT_CODE
     if naming == "huggingface":  # backbone under transformer., one bias pair per layer (untie_r)
-        quirks = {**HF_QUIRKS, "mem_init": "empty"}
+        expected = HF_CODE
         sd = {(k if k.startswith("crit.") else "transformer." + k): v for k, v in sd.items()}
         for bias in ("r_w_bias", "r_r_bias"):
             shared = sd.pop("transformer." + bias)
             for l in range(L):
                 sd[f"transformer.layers.{l}.dec_attn.{bias}"] = shared
+    # the structure only: the quirk fields keep their defaults, the converter must pick the source's
     config = TransformerXLConfig(n_token=n_token, n_layer=L, d_model=D, n_head=H, d_head=DH, d_inner=DI,
                                  cutoffs=cutoffs, div_val=2, proj_share_all_but_first=True, dropout=0.0,
-                                 tgt_len=3, mem_len=4, untie_r=naming == "huggingface", **quirks)
+                                 tgt_len=3, mem_len=4, same_length=True, untie_r=naming == "huggingface")
     model = from_pytorch_state_dict(sd, config)
+    assert {k: getattr(model.config, k) for k in expected} == expected
     if naming == "huggingface":
         w_shared = {"r_w_bias": arrays["transformer/r_w_bias"], "r_r_bias": arrays["transformer/r_r_bias"]}
         arrays["transformer/r_w_bias"] = np.stack([w_shared["r_w_bias"]] * L)
         arrays["transformer/r_r_bias"] = np.stack([w_shared["r_r_bias"]] * L)
     w = reference_weights(arrays, softmax_projs, n_token, cutoffs, 2)
-    x = rng.integers(0, n_token, (2, 3)).astype("int32")
-    got = to_np(model(x, return_log_probs=True)["log_probs"])
-    _, _, want = reference.model_forward(w, config, x)  # empty first memory, PyTorch cluster order
-    np.testing.assert_allclose(got, want, atol=2e-4)
+    reference_config = config.replace(**expected)
+    mems = [np.zeros((2, 4, D))] * L if expected["mem_init"] == "zeros" else None
+    out = None
+    for _ in range(2):  # two segments: the memory and the same_length mask of each source
+        x = rng.integers(0, n_token, (2, 3)).astype("int32")
+        out = model(x, mems=None if out is None else out["mems"], return_log_probs=True)
+        _, mems, want = reference.model_forward(w, reference_config, x, mems)
+        np.testing.assert_allclose(to_np(out["log_probs"]), want, atol=2e-4)
+    # an explicit choice wins; a misspelt one is an error
+    assert from_pytorch_state_dict(sd, config, cluster_order="tf").config.cluster_order == "tf"
+    with pytest.raises(ConversionError, match="Unknown quirk overrides"):
+        from_pytorch_state_dict(sd, config, cluster_ordr="tf")
     sd["unexpected.weight"] = np.zeros(3)
     with pytest.raises(ConversionError, match="not converted"):
         from_pytorch_state_dict(sd, config)
 
 
 def test_cache_pkl_vocabulary_is_read_as_data_only(tmp_path):
-    vocabulary = types.ModuleType("vocabulary")
-    data_utils = types.ModuleType("data_utils")
-
-    class Vocab:
-        pass
-
-    class Corpus:
-        pass
-
-    Vocab.__module__, Corpus.__module__ = "vocabulary", "data_utils"
-    Vocab.__qualname__, Corpus.__qualname__ = "Vocab", "Corpus"
-    vocabulary.Vocab, data_utils.Corpus = Vocab, Corpus
-    sys.modules["vocabulary"], sys.modules["data_utils"] = vocabulary, data_utils
-    try:
-        vocab = Vocab()
-        vocab.__dict__.update(idx2sym=["<eos>", "the", "cat", "<unk>"], unk_idx=3, lower_case=False,
-                              special=["<eos>"], counter=__import__("collections").Counter(["the"]))
-        corpus = Corpus()
-        corpus.__dict__.update(vocab=vocab, dataset="wt103", train=np.arange(5))
-        with open(tmp_path / "cache.pkl", "wb") as f:
-            pickle.dump(corpus, f, protocol=2)
-    finally:
-        del sys.modules["vocabulary"], sys.modules["data_utils"]
+    write_cache_pkl(str(tmp_path / "cache.pkl"), ["<eos>", "the", "cat", "<unk>"], unk="<unk>", dataset="wt103")
     loaded, dataset = load_cache_vocab(str(tmp_path / "cache.pkl"))
     assert dataset == "wt103" and loaded.symbols == ["<eos>", "the", "cat", "<unk>"]
     np.testing.assert_array_equal(loaded.encode_lines(["the dog"]), [1, 3, 0])

@@ -43,3 +43,48 @@ def test_stop_token_ends_rows():
     assert (out[0, 5:] == stop).all()
     with pytest.raises(ValueError, match="Prompt ids"):
         generate(model, np.array([[99]]), 2)
+
+
+def next_token_distribution(model, prompt):
+    return np.exp(to_np(model(prompt, return_log_probs=True)["log_probs"])[0, -1])
+
+
+@pytest.mark.parametrize("filters, kept", [
+    (dict(top_k=5), lambda p: np.argsort(-p)[:5]),
+    (dict(top_p=0.6), lambda p: np.argsort(-p)[: int(np.searchsorted(np.cumsum(np.sort(p)[::-1]), 0.6)) + 1]),
+])
+def test_top_k_and_top_p_sample_the_filtered_distribution(filters, kept):
+    """4000 draws of the first new token (one row each): the frequencies are those of the
+    model's distribution restricted to the kept tokens and renormalised (numpy)."""
+    model = model_of(mem_len=8)
+    prompt = np.array([[3, 17, 5]], "int32")
+    p = next_token_distribution(model, prompt)
+    keep = kept(p)
+    assert 2 < len(keep) < 30  # a filter that keeps some tokens and drops others
+    want = np.zeros_like(p)
+    want[keep] = p[keep] / p[keep].sum()
+    draws = generate(model, np.repeat(prompt, 4000, 0), 1, temperature=1.0, seed=11, **filters)[:, -1]
+    freq = np.bincount(draws, minlength=len(p)) / len(draws)
+    assert freq[want == 0].sum() == 0  # nothing outside the kept set
+    np.testing.assert_array_less(np.abs(freq - want), 5 * np.sqrt(want * (1 - want) / len(draws)) + 1e-9)
+
+
+def test_top_p_keeps_the_most_likely_token_at_the_boundary():
+    model = model_of(mem_len=8)
+    prompt = np.array([[3, 17, 5]], "int32")
+    best = int(np.argmax(next_token_distribution(model, prompt)))
+    draws = generate(model, np.repeat(prompt, 50, 0), 1, top_p=np.nextafter(0.0, 1.0), seed=2)[:, -1]
+    assert (draws == best).all()
+
+
+def test_stop_token_with_a_batch_ends_each_row_on_its_own():
+    model = model_of(mem_len=8)
+    prompt = np.array([[3, 17, 5], [8, 1, 30]], "int32")
+    greedy = generate(model, prompt, 8, temperature=0)
+    stop = int(greedy[0, 4])  # row 0's second new token
+    out = generate(model, prompt, 8, temperature=0, stop_token=stop)
+    for row in range(2):
+        new = list(greedy[row, 3:])
+        end = new.index(stop) + 1 if stop in new else len(new)
+        np.testing.assert_array_equal(out[row, : 3 + end], greedy[row, : 3 + end])  # unchanged until it stops
+        assert (out[row, 3 + end:] == stop).all()  # then only the stop token

@@ -10,7 +10,8 @@
 The structure (layers, widths, heads, vocabulary, cutoffs, div_val, tying) is read from
 the variable shapes; the memory settings come from the caller. The source's numerical
 quirks are selected by config fields: TF checkpoints get `mem_init="zeros"`,
-`same_length_convention="tf"`, `cluster_order="tf"`, `layer_norm_epsilon=1e-12`.
+`same_length_convention="tf"`, `cluster_order="tf"`, `layer_norm_epsilon=1e-12`;
+PyTorch state dicts those of the code that wrote them (told by the key names).
 """
 
 import io
@@ -248,14 +249,33 @@ def pytorch_to_canonical(state_dict):
     return out, sd
 
 
-def from_pytorch_state_dict(state_dict, config, strict=True):
+def pytorch_source(state_dict):
+    """Which code wrote a PyTorch state dict, told by its key names: "huggingface" (the
+    `transfo-xl` port keeps the backbone under `transformer.`) or "original"."""
+    return "huggingface" if any(k.startswith("transformer.") for k in state_dict) else "original"
+
+
+SOURCE_QUIRKS = {"original": PT_QUIRKS, "huggingface": HF_QUIRKS}
+
+
+def from_pytorch_state_dict(state_dict, config, strict=True, **quirks):
     """A TransformerXLLM holding a PyTorch state dict (original or HF `transfo-xl` names).
 
-    `config` gives the structure and the quirks: the original PyTorch code is
-    `cluster_order="pytorch"`, `same_length_convention="pytorch"`, empty initial memory;
-    HF's port is `cluster_order="tf"` with zero initial memory (see PT_QUIRKS,
-    HF_QUIRKS). Keys left over are an error with `strict`.
+    `config` gives the structure (layers, widths, vocabulary, cutoffs, memory settings).
+    The numerical behaviour of the code that wrote the weights is selected from the key
+    names, as `from_tf_checkpoint` does for TF: the original PyTorch code gets PT_QUIRKS
+    (empty first memory, its same_length mask, its cluster order), HF's port HF_QUIRKS
+    (zero-filled memory, TF cluster order). They replace the config's four quirk fields;
+    pass `mem_init=`, `same_length_convention=`, `cluster_order=` or `layer_norm_epsilon=`
+    to override one explicitly. Keys left over are an error with `strict`.
     """
+    unknown = sorted(set(quirks) - set(PT_QUIRKS))
+    if unknown:
+        raise ConversionError(f"Unknown quirk overrides {unknown}; expected some of {sorted(PT_QUIRKS)}.")
+    source = pytorch_source(state_dict)
+    config = config.replace(**{**SOURCE_QUIRKS[source], **quirks})
+    logging.getLogger(__name__).info("PyTorch state dict of the %s code: %s", source,
+                                     {k: getattr(config, k) for k in PT_QUIRKS})
     arrays, left = pytorch_to_canonical(state_dict)
     if left and strict:
         raise ConversionError(f"State dict keys not converted: {sorted(left)[:20]}")

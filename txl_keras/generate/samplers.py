@@ -114,7 +114,9 @@ class TopPSampler(TemperatureSampler):
         descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
         probs = ops.softmax(descending, axis=-1)
         before = ops.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
-        kept = ops.where(before < self.p, descending, np.inf)  # before == 0 for the first
+        # the most likely token always stays, whatever p rounds to in the compute dtype
+        first = ops.arange(ops.shape(descending)[-1]) == 0
+        kept = ops.where(ops.logical_or(before < self.p, first), descending, np.inf)
         threshold = ops.min(kept, axis=-1, keepdims=True)
         return ops.where(logits < threshold, -np.inf, logits)
 
