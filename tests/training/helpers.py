@@ -44,3 +44,26 @@ def env(**extra):
 def run(command, timeout=240, **kwargs):
     return subprocess.run(["timeout", "-k", "10", str(timeout)] + command, capture_output=True, text=True,
                           env=kwargs.pop("env", env()), **kwargs)
+
+
+def make(tmp_path, records, strategy=None, model_dir="model", dropout=0.0, model=None, **overrides):
+    """A Trainer of the tiny preset on `records` (in-process)."""
+    import tensorflow as tf
+
+    from tf_records import load_corpus_info
+    from txl_keras import TransformerXLConfig
+    from txl_keras.training import TrainConfig, Trainer
+
+    n_token = load_corpus_info(records)["vocab_size"]
+    cfg = TransformerXLConfig.from_preset("tiny", n_token=n_token, dropout=dropout, **(model or {}))
+    settings = dict(model_dir=str(tmp_path / model_dir), records_dir=records, train_batch_size=4,
+                    eval_batch_size=4, train_steps=6, iterations=2, save_steps=0, learning_rate=3e-3,
+                    max_eval_batch=-1)
+    settings.update(overrides)
+    return Trainer(strategy or tf.distribute.get_strategy(), cfg, TrainConfig(**settings), log=lambda *_: None)
+
+
+def weights(trainer):
+    import numpy as np
+
+    return [np.array(w) for w in trainer.model.get_weights()]

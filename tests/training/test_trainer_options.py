@@ -1,0 +1,119 @@
+"""The trainer's options, each against an independent expectation: the plain step, the
+weights of another run, the documented loss scaling, the folder on disk."""
+
+import os
+
+import numpy as np
+import pytest
+from helpers import build, make, weights
+
+from txl_keras import run_folder
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    return build(str(tmp_path_factory.mktemp("records")))
+
+
+def test_batch_chunk_and_xla_train_the_weights_of_the_plain_step(tmp_path, records):
+    runs = {}
+    for name, options in (("plain", {}), ("chunked", {"batch_chunk": 2}), ("xla", {"xla": True})):
+        trainer = make(tmp_path, records, model_dir=name, train_steps=4, **options)
+        trainer.train()
+        runs[name] = weights(trainer)
+    for name in ("chunked", "xla"):
+        for a, b in zip(runs["plain"], runs[name]):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert any(not np.allclose(a, b) for a, b in zip(runs["plain"], weights(make(tmp_path, records))))
+
+
+def test_mixed_float16_scales_the_loss_and_skips_overflowing_steps(tmp_path, records):
+    trainer = make(tmp_path, records, precision="mixed_float16", train_steps=1, iterations=1)
+    assert trainer.model.compute_dtype == "float16" and trainer.model.variable_dtype == "float32"
+    assert float(trainer.loss_scale.numpy()) == 2.0**15  # the documented initial scale
+    before = weights(trainer)
+    trainer.loss_scale.assign(2.0**60)  # float16 gradients overflow
+    trainer.train()
+    assert int(trainer.step.numpy()) == 1 and int(trainer.good_steps.numpy()) == 0
+    assert float(trainer.loss_scale.numpy()) == 2.0**59  # halved
+    for a, b in zip(before, weights(trainer)):
+        np.testing.assert_array_equal(a, b)  # the step was skipped
+    trainer.loss_scale.assign(2.0**8)
+    trainer.tc.train_steps = 4
+    trainer.train()
+    assert int(trainer.good_steps.numpy()) == 3 and float(trainer.loss_scale.numpy()) == 2.0**8
+    after = weights(trainer)
+    assert all(np.isfinite(w).all() for w in after)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_mixed_bfloat16_trains(tmp_path, records):
+    trainer = make(tmp_path, records, precision="mixed_bfloat16", train_steps=4)
+    assert trainer.model.compute_dtype == "bfloat16" and trainer.model.variable_dtype == "float32"
+    before = weights(trainer)
+    trainer.train()
+    after = weights(trainer)
+    assert all(np.isfinite(w).all() for w in after)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+    assert float(trainer.evaluate(progress=False, summaries=False)["loss"]) < np.log(trainer.config.n_token)
+
+
+def test_warm_start_takes_the_weights_but_not_the_optimizer_or_the_step(tmp_path, records):
+    source = make(tmp_path, records, model_dir="source", train_steps=4, save_steps=4)
+    source.train()
+    path = run_folder.latest_checkpoint(source.tc.model_dir)[1]
+    warm = make(tmp_path, records, model_dir="warm", warm_start_path=path)
+    assert warm.restore_or_warm_start()
+    for a, b in zip(weights(source), weights(warm)):
+        np.testing.assert_array_equal(a, b)
+    assert int(warm.step.numpy()) == 0
+    assert all(not np.any(v.numpy()) for v in warm.optimizer.state)  # fresh moments
+    assert any(np.any(v.numpy()) for v in source.optimizer.state)
+
+
+def test_keep_checkpoint_max_and_the_folders_mode(tmp_path, records):
+    trainer = make(tmp_path, records, train_steps=10, save_steps=2, keep_checkpoint_max=3)
+    trainer.train()
+    model_dir = trainer.tc.model_dir
+    assert [step for step, _ in run_folder.list_checkpoints(model_dir)] == [6, 8, 10]
+    assert sorted(n for n in os.listdir(model_dir) if n.startswith("ckpt-")) == \
+        ["ckpt-00000006", "ckpt-00000008", "ckpt-00000010"]
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("ckpt-00000010", "train"):  # as every folder the trainer creates
+        assert os.stat(os.path.join(model_dir, name)).st_mode & 0o777 == 0o777 & ~umask, name
+    for name in (run_folder.WEIGHTS, run_folder.STATE):
+        assert os.stat(os.path.join(model_dir, "ckpt-00000010", name)).st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_several_streams_on_two_replicas_score_the_loss_of_a_direct_computation(tmp_path, mirrored):
+    """Eval batch 6 on 2 replicas (3 streams each), the memory's keys and values cached,
+    same_length, a shorter last chunk and a padded last stream: the reported loss equals
+    scoring each stream's tokens in order with the model directly. The streams are cut
+    by the documented rule: ceil((N - 1) / 6) targets each, contiguous, the last padded."""
+    from tf_records import load_corpus
+
+    tgt, mem_len = 5, 12
+    records = build(str(tmp_path), eval_batch=6)
+    build(str(tmp_path), eval_batch=6, tgt_len=tgt, splits=("valid",))
+    trainer = make(tmp_path, records, strategy=mirrored, eval_batch_size=6, train_steps=2, eval_tgt_len=tgt,
+                   eval_mem_len=mem_len, eval_clamp_len=6, eval_same_length=True)
+    trainer.train()
+    assert trainer.model.backbone.can_cache_kv and trainer.replicas == 2
+    result = trainer.evaluate(progress=False, summaries=False)
+    ids = load_corpus("text", text=str(tmp_path / "corpus.txt"), level="char").split_ids["valid"]()
+    per = -(-(len(ids) - 1) // 6)
+    padded = np.concatenate([ids, np.full(6 * per + 1 - len(ids), -1)]).astype("int32")
+    total = 0.0
+    for r in range(6):
+        stream, mems = padded[r * per: r * per + per + 1], None
+        for t in range(0, per, tgt):
+            x, y = stream[None, t:t + tgt], stream[None, t + 1:t + tgt + 1]
+            x = x[:, : y.shape[1]]
+            out = trainer.model(np.maximum(x, 0), targets=np.maximum(y, 0), mems=mems, mem_len=mem_len,
+                                clamp_len=6, same_length=True)
+            mems = out["mems"]
+            total += float(np.sum(np.where(y >= 0, np.asarray(out["nll"]), 0.0)))
+    assert result["tokens"] == len(ids) - 1 == result["expected_tokens"]
+    assert per * 6 > len(ids) - 1 and per % tgt  # a padded stream and a shorter last chunk
+    assert result["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
