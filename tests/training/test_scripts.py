@@ -77,7 +77,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_two_workers_train_and_end_identical(tmp_path):
+def test_two_workers_end_identical_and_equal_one_process_with_the_same_global_batch(tmp_path):
     records = build(str(tmp_path), hosts=2)
     ports = [free_port(), free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -98,6 +98,17 @@ def test_two_workers_train_and_end_identical(tmp_path):
     assert step_a == step_b == 6
     for name in weights_a:
         np.testing.assert_array_equal(weights_a[name], weights_b[name], err_msg=name)
+    # ... and equal one process that takes the same global batch (8 streams) on one device:
+    # a worker reading another host's share, or a misaligned memory, would not
+    os.makedirs(tmp_path / "one")
+    one_records = build(str(tmp_path / "one"), batch=8)
+    one = run(train_command(one_records, str(tmp_path / "one_process"), "--train_steps=6", "--iterations=3",
+                            "--save_steps=6", "--do_eval=false", "--train_batch_size=8", "--eval_batch_size=8"))
+    assert one.returncode == 0, one.stderr[-2000:]
+    step_c, weights_c, _ = final_weights(str(tmp_path / "one_process"))
+    assert step_c == 6
+    for name in weights_a:
+        np.testing.assert_allclose(weights_a[name], weights_c[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_a_worker_whose_peer_never_comes_exits_with_an_error(tmp_path):
