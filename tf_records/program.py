@@ -30,6 +30,10 @@ def run(main):
                 raise
             sys.stderr.write(f"error: {_one_line(e)}\n")
             sys.exit(2)
+        except KeyboardInterrupt:
+            sys.stderr.write("error: interrupted (files are written atomically: what was saved stays "
+                             "complete; the same command resumes)\n")
+            sys.exit(130)
         except USER_ERRORS as e:
             if flags.FLAGS["verbosity"].value > 0:
                 logging.exception("failed")

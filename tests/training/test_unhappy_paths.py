@@ -103,6 +103,10 @@ CASES = [
                                                    "--encoding=latin-1", "--records_dir={root}/other"],
      1, "is not in the vocabulary and it has no unknown symbol"),
     ("unknown flag", [TRAIN, "--num_host=2"], 2, "Unknown command line flag 'num_host'"),
+    ("average no checkpoint", [PY, "-m", "txl_keras.training.average_checkpoints", "--model_dir={root}/run",
+                               "--num_last=0"], 2, "flag --num_last=0"),
+    ("average onto an existing file", [PY, "-m", "txl_keras.training.average_checkpoints", "--model_dir={root}/run",
+                                       "--output={root}/run/config.json"], 2, "exists; pass another --output"),
 ]
 
 

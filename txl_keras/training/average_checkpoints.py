@@ -58,7 +58,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     flags.DEFINE_string("model_dir", None, "Training folder.")
-    flags.DEFINE_integer("num_last", 5, "Average the newest this many checkpoints.")
+    flags.DEFINE_integer("num_last", 5, "Average the newest this many checkpoints.", lower_bound=1)
     flags.DEFINE_string("output", None, "The averaged .weights.h5 (default: in --model_dir).")
 
 
@@ -68,6 +68,8 @@ def main(argv):
         raise app.UsageError("--model_dir is required.")
     found = list_checkpoints(FLAGS.model_dir)[-FLAGS.num_last:]
     output = FLAGS.output or files.join(FLAGS.model_dir, "averaged.weights.h5")
+    if files.exists(output):
+        raise app.UsageError(f"{output} exists; pass another --output (nothing is overwritten).")
     average_weights([p for _, p in found], output)
     print(f"averaged steps {[s for s, _ in found]} -> {output}")
 
