@@ -22,6 +22,11 @@ CONFIGS = {
     "char_small": {**PRESETS["char_small"], "batch": 16, "cutoffs": [], "div_val": 1},
     "word_adaptive": dict(n_token=32000, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024,
                           tgt_len=64, mem_len=64, batch=16, cutoffs=[2000, 8000], div_val=2),
+    # the performance issue's word-level model: 50k words, three tail clusters, div_val 4,
+    # tail projections shared with the input (the wt103 setting), tgt/mem 128
+    "word_50k": dict(n_token=50000, n_layer=4, d_model=256, n_head=8, d_head=32, d_inner=1024,
+                     tgt_len=128, mem_len=128, batch=16, cutoffs=[2000, 10000, 20000], div_val=4,
+                     proj_share_all_but_first=True),
 }
 
 
@@ -30,9 +35,11 @@ def model_config(c, **changes):
     return TransformerXLConfig(**{**{k: v for k, v in c.items() if k != "batch"}, **changes})
 
 
-def model_flops_per_token(c, training=True, mem_len=None, tgt_len=None):
-    """The package's count (txl_keras.models.flops) for a benchmark config dict."""
-    return flops.model_flops_per_token(model_config(c), training, mem_len, tgt_len)
+def model_flops_per_token(c, training=True, mem_len=None, tgt_len=None, shares=None):
+    """The package's count (txl_keras.models.flops) for a benchmark config dict; `shares`
+    (from `cluster_shares`) weights the tail clusters by the data's token frequencies."""
+    tails = shares[1:] if shares else None
+    return flops.model_flops_per_token(model_config(c), training, mem_len, tgt_len, cluster_shares=tails)
 
 
 def matmul_ceiling_gflops(sizes=(1024, 2048), repeats=8):
@@ -76,5 +83,17 @@ def run_worker(python, script, args, env=None):
     raise RuntimeError(f"{python} {script} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
 
 
-def random_ids(n, vocab, seed=0):
-    return np.random.default_rng(seed).integers(0, vocab, n).astype(np.int32)
+def random_ids(n, vocab, seed=0, zipf=False):
+    """`n` token ids: uniform, or Zipf-like (p(id) proportional to 1 / (id + 1), ids in
+    frequency order as in a real vocabulary: most tokens fall in the head cluster)."""
+    rng = np.random.default_rng(seed)
+    if not zipf:
+        return rng.integers(0, vocab, n).astype(np.int32)
+    p = 1.0 / np.arange(1, vocab + 1)
+    return rng.choice(vocab, size=n, p=p / p.sum()).astype(np.int32)
+
+
+def cluster_shares(ids, cutoffs, vocab):
+    """The fraction of `ids` in each cluster of the adaptive softmax."""
+    bounds = [0] + list(cutoffs) + [vocab]
+    return [float(np.mean((ids >= a) & (ids < b))) for a, b in zip(bounds, bounds[1:])]

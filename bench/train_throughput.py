@@ -6,7 +6,11 @@ PyTorch port of the original code, side by side, alternating, in fresh processes
 
 Each worker: same config, same random token stream, 2 threads, `--warmup` steps then
 `--steps` timed steps of forward + backward + clip(0.25) + Adam. Without --hf_python only
-txl_keras runs. Variants: --xla, --precision=mixed_bfloat16.
+txl_keras runs. Variants: --xla, --precision=mixed_bfloat16. Token ids are Zipf-like
+(p(id) ~ 1 / (id + 1)) for adaptive configs, as in real text (`--ids=uniform` puts nearly
+every token in a tail cluster, which no corpus does). `--profile` also times the adaptive
+embedding and softmax alone (forward + backward on the same batch) and prints their share
+of the step's time next to their share of its FLOPs.
 """
 
 import argparse
@@ -16,8 +20,59 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (CONFIGS, model_config, current_rss_mb, emit, matmul_ceiling_gflops, model_flops_per_token,  # noqa: E402
-                    peak_rss_mb, random_ids, run_worker)
+from common import (CONFIGS, cluster_shares, model_config, current_rss_mb, emit, matmul_ceiling_gflops,  # noqa: E402
+                    model_flops_per_token, peak_rss_mb, random_ids, run_worker)
+
+
+def ids_for(args, c, n):
+    return random_ids(n, c["n_token"], zipf=args.ids == "zipf")
+
+
+def adaptive_profile(trainer, c, tokens, repeats=10):
+    """Seconds per forward + backward of the adaptive embedding and of the adaptive
+    softmax alone, on one step's batch (the layers' own variables; tied tables included)."""
+    import tensorflow as tf
+
+    model = trainer.model
+    emb, soft = model.backbone.word_emb, model.softmax
+    x = tf.constant(tokens[: c["batch"] * c["tgt_len"]].reshape(c["batch"], c["tgt_len"]))
+    y = tf.roll(x, -1, axis=1)
+    cotangent = tf.random.normal([c["batch"], c["tgt_len"], c["d_model"]])
+    hidden = tf.random.normal([c["batch"], c["tgt_len"], c["d_model"]])
+
+    @tf.function
+    def embedding_step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(emb(x) * cotangent)
+        return tape.gradient(loss, emb.trainable_variables)
+
+    @tf.function
+    def softmax_step():
+        with tf.GradientTape() as tape:
+            tape.watch(hidden)
+            loss = tf.reduce_sum(soft(hidden, y))
+        return tape.gradient(loss, soft.trainable_variables + [hidden])
+
+    out = {}
+    for name, fn in (("embedding", embedding_step), ("softmax", softmax_step)):
+        fn()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            tf.nest.map_structure(lambda t: t.numpy() if t is not None else None, fn())
+        out[name] = (time.perf_counter() - start) / repeats
+    return out
+
+
+def adaptive_flops(c, shares):
+    """Training FLOPs per token of the adaptive embedding (its projections) and softmax."""
+    from txl_keras.models.flops import softmax_macs_per_token
+
+    config = model_config(c)
+    bounds = [0] + list(c["cutoffs"]) + [c["n_token"]]
+    widths = [config.d_embed // config.div_val ** i for i in range(len(bounds) - 1)]
+    projected = [w != config.d_model or config.div_val > 1 for w in widths]
+    embedding = sum(6 * s * w * config.d_model for s, w, p in zip(shares, widths, projected) if p)
+    return embedding, 6 * softmax_macs_per_token(config, shares[1:] if len(shares) > 1 else None)
 
 
 def txl_worker(args, c):
@@ -33,8 +88,8 @@ def txl_worker(args, c):
     tokens_per_step = c["batch"] * c["tgt_len"]
     total_steps = args.warmup + args.steps
     records = tempfile.mkdtemp()
-    write_split(random_ids(tokens_per_step * (total_steps + 2), c["n_token"]), records, "train", c["batch"],
-                c["tgt_len"], vocab_size=c["n_token"], log=lambda *_: None)
+    ids = ids_for(args, c, tokens_per_step * (total_steps + 2))
+    write_split(ids, records, "train", c["batch"], c["tgt_len"], vocab_size=c["n_token"], log=lambda *_: None)
     with open(os.path.join(records, "corpus-info.json"), "w") as f:
         f.write("{}")
     config = model_config(c, dropout=0.1, dropatt=0.0)
@@ -48,8 +103,12 @@ def txl_worker(args, c):
     start = time.perf_counter()
     trainer.train()
     elapsed = time.perf_counter() - start
-    return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
-            "framework_rss_mb": framework_mb, "ceiling_gflops": matmul_ceiling_gflops()}
+    result = {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
+              "framework_rss_mb": framework_mb, "ceiling_gflops": matmul_ceiling_gflops(),
+              "step_s": elapsed / args.steps}
+    if args.profile and c["cutoffs"]:
+        result["adaptive_s"] = adaptive_profile(trainer, c, ids)
+    return result
 
 
 def hf_worker(args, c):
@@ -63,12 +122,13 @@ def hf_worker(args, c):
                              d_embed=c["d_model"], n_head=c["n_head"], d_head=c["d_head"], d_inner=c["d_inner"],
                              div_val=c["div_val"], n_layer=c["n_layer"], mem_len=c["mem_len"],
                              clamp_len=-1, same_length=False, dropout=0.1, dropatt=0.0, untie_r=False,
-                             adaptive=bool(c["cutoffs"]), proj_share_all_but_first=True)
+                             adaptive=bool(c["cutoffs"]),
+                             proj_share_all_but_first=c.get("proj_share_all_but_first", True))
     model = TransfoXLLMHeadModel(config)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=2.5e-4)
     tokens_per_step = c["batch"] * c["tgt_len"]
-    ids = torch.from_numpy(random_ids(tokens_per_step * (args.warmup + args.steps + 2), c["n_token"]).astype("int64"))
+    ids = torch.from_numpy(ids_for(args, c, tokens_per_step * (args.warmup + args.steps + 2)).astype("int64"))
     streams = ids[: c["batch"] * (ids.numel() // c["batch"])].view(c["batch"], -1)
     mems = None
 
@@ -104,25 +164,32 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--xla", action="store_true")
     parser.add_argument("--precision", default="float32")
+    parser.add_argument("--ids", choices=["zipf", "uniform"], default=None,
+                        help="token id distribution (default: zipf with cutoffs, else uniform)")
+    parser.add_argument("--profile", action="store_true", help="time the adaptive layers alone too")
     args = parser.parse_args()
     c = CONFIGS[args.config]
+    args.ids = args.ids or ("zipf" if c["cutoffs"] else "uniform")
     if args.impl == "txl_keras":
         return emit(txl_worker(args, c))
     if args.impl == "hf":
         return emit(hf_worker(args, c))
     common = ["--config", args.config, "--warmup", str(args.warmup), "--steps", str(args.steps),
-              "--threads", str(args.threads)]
-    ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else [])
+              "--threads", str(args.threads), "--ids", args.ids]
+    ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
+        + (["--profile"] if args.profile else [])
     results = {"txl_keras": [], "hf": []}
     for _ in range(args.rounds):
         results["txl_keras"].append(run_worker(sys.executable, __file__, ours_args))
         if args.hf_python:
             results["hf"].append(run_worker(args.hf_python, __file__, common + ["--impl", "hf"]))
-    flops = model_flops_per_token(c)
+    shares = cluster_shares(ids_for(args, c, 200_000), c["cutoffs"], c["n_token"])
+    flops = model_flops_per_token(c, shares=shares)
     ceiling = max(r["ceiling_gflops"] for r in results["txl_keras"])
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
-    print(f"config {args.config}: {c}; {flops / 1e6:.1f} MFLOP per token (training); "
-          f"fp32 matmul ceiling {ceiling:.0f} GFLOP/s; {args.threads} threads")
+    print(f"config {args.config}: {c}; {args.ids} ids (cluster shares {', '.join(f'{s:.3f}' for s in shares)}); "
+          f"{flops / 1e6:.1f} MFLOP per token (training); fp32 matmul ceiling {ceiling:.0f} GFLOP/s; "
+          f"{args.threads} threads")
     best = {}
     for impl, runs in results.items():
         if not runs:
@@ -136,6 +203,17 @@ def main():
               f"(framework after import {framework:,.0f} MB, above it {peak - framework:,.0f} MB)")
     if "hf" in best:
         print(f"ratio txl_keras / hf: {best['txl_keras'] / best['hf']:.2f}x")
+    profiles = [r for r in results["txl_keras"] if "adaptive_s" in r]
+    if profiles:
+        run = min(profiles, key=lambda r: r["step_s"])
+        emb_flops, soft_flops = adaptive_flops(c, shares)
+        tokens = c["batch"] * c["tgt_len"]
+        for name, layer_flops in (("embedding", emb_flops), ("softmax", soft_flops)):
+            time_share = run["adaptive_s"][name] / run["step_s"]
+            flop_share = layer_flops / flops
+            print(f"adaptive {name}: {run['adaptive_s'][name] * 1e3:.1f} ms of a {run['step_s'] * 1e3:.0f} ms step "
+                  f"({time_share:.1%} of the time, {flop_share:.1%} of the FLOPs: {time_share / flop_share:.2f}x; "
+                  f"{layer_flops * tokens / run['adaptive_s'][name] / 1e9:.0f} GFLOP/s)")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ def test_unknown_flags_and_missing_tpu_are_reported_clearly(tmp_path):
     assert time.time() - start < 60
 
 
+@pytest.mark.slow
 def test_sigkill_then_same_command_resumes_bit_exactly(tmp_path):
     records = build(str(tmp_path))
     # two replicas, each drawing its own dropout masks
