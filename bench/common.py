@@ -13,31 +13,40 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from txl_keras.models import flops  # noqa: E402
-from txl_keras.models.config import PRESETS, TransformerXLConfig  # noqa: E402
+CONFIG_NAMES = ("char_small", "word_adaptive", "word_50k")
 
-# The reference's char-small config (the package's preset), and a word-level one with
-# adaptive input/softmax; `batch` is the benchmark's per-step batch.
-CONFIGS = {
-    "char_small": {**PRESETS["char_small"], "batch": 16, "cutoffs": [], "div_val": 1},
-    "word_adaptive": dict(n_token=32000, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024,
-                          tgt_len=64, mem_len=64, batch=16, cutoffs=[2000, 8000], div_val=2),
-    # the performance issue's word-level model: 50k words, three tail clusters, div_val 4,
-    # tail projections shared with the input (the wt103 setting), tgt/mem 128
-    "word_50k": dict(n_token=50000, n_layer=4, d_model=256, n_head=8, d_head=32, d_inner=1024,
-                     tgt_len=128, mem_len=128, batch=16, cutoffs=[2000, 10000, 20000], div_val=4,
-                     proj_share_all_but_first=True),
-}
+
+def configs():
+    """The benchmark configs: the reference's char-small (the package's preset), and
+    word-level ones with adaptive input/softmax; `batch` is the per-step batch. Imports
+    the package (the main process passes a config to its workers as JSON, so a worker of
+    another framework needs neither txl_keras nor Keras)."""
+    from txl_keras.models.config import PRESETS
+
+    return {
+        "char_small": {**PRESETS["char_small"], "batch": 16, "cutoffs": [], "div_val": 1},
+        "word_adaptive": dict(n_token=32000, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024,
+                              tgt_len=64, mem_len=64, batch=16, cutoffs=[2000, 8000], div_val=2),
+        # the performance issue's word-level model: 50k words, three tail clusters, div_val 4,
+        # tail projections shared with the input (the wt103 setting), tgt/mem 128
+        "word_50k": dict(n_token=50000, n_layer=4, d_model=256, n_head=8, d_head=32, d_inner=1024,
+                         tgt_len=128, mem_len=128, batch=16, cutoffs=[2000, 10000, 20000], div_val=4,
+                         proj_share_all_but_first=True),
+    }
 
 
 def model_config(c, **changes):
     """The TransformerXLConfig of a benchmark config dict."""
+    from txl_keras.models.config import TransformerXLConfig
+
     return TransformerXLConfig(**{**{k: v for k, v in c.items() if k != "batch"}, **changes})
 
 
 def model_flops_per_token(c, training=True, mem_len=None, tgt_len=None, shares=None):
     """The package's count (txl_keras.models.flops) for a benchmark config dict; `shares`
     (from `cluster_shares`) weights the tail clusters by the data's token frequencies."""
+    from txl_keras.models import flops
+
     tails = shares[1:] if shares else None
     return flops.model_flops_per_token(model_config(c), training, mem_len, tgt_len, cluster_shares=tails)
 

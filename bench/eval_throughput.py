@@ -8,6 +8,10 @@ and the paper's evaluation-speed experiment at small scale.
    the trainers' evaluation runs by default: XLA-compiled, and the memory's keys and values
    cached between segments instead of re-projected; `--ablations` adds runs without each
    (TXL_BENCH_XLA=0, TXL_BENCH_KV=0).
+   `--model=wt103_base` instead: the paper's wt103 evaluation (tgt_len 128, mem_len 1,600,
+   clamp_len 1,000, same_length, zero-filled memory as the converted weights have) of the
+   `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) on
+   Zipf-distributed ids, with `--batch` streams (8; 1 is a user scoring one document).
 2. Transformer-XL evaluation (segments of 64 against a memory of L) vs vanilla
    sliding-window evaluation (mem_len 0, a window of L recomputed for each predicted
    token), at attention lengths L = 128, 320, 640: per-token speed-up, next to the
@@ -15,14 +19,16 @@ and the paper's evaluation-speed experiment at small scale.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CONFIGS, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
+from common import cluster_shares, configs, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
+EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=3, zipf=True)
 
 
 def txl_model(c):
@@ -55,7 +61,7 @@ def txl_eval_worker(c, e):
     if os.environ.get("TXL_BENCH_XLA", "1") == "0":  # ablation: evaluation without XLA
         Trainer.eval_uses_xla = property(lambda self: False)
     records = tempfile.mkdtemp()
-    ids = random_ids(e["batch"] * e["tgt_len"] * e["segments"] + 1, c["n_token"])
+    ids = random_ids(e["batch"] * e["tgt_len"] * e["segments"] + 1, c["n_token"], zipf=e.get("zipf", False))
     write_split(ids, records, "valid", e["batch"], e["tgt_len"], vocab_size=c["n_token"], log=lambda *_: None)
     tc = TrainConfig(model_dir=tempfile.mkdtemp(), records_dir=records, train_batch_size=e["batch"],
                      eval_batch_size=e["batch"], eval_tgt_len=e["tgt_len"], eval_mem_len=e["mem_len"],
@@ -73,13 +79,15 @@ def hf_eval_worker(c, e):
     from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
     torch.set_num_threads(2)
-    config = TransfoXLConfig(vocab_size=c["n_token"], cutoffs=[], d_model=c["d_model"], d_embed=c["d_model"],
-                             n_head=c["n_head"], d_head=c["d_head"], d_inner=c["d_inner"], n_layer=c["n_layer"],
-                             mem_len=e["mem_len"], clamp_len=e["clamp_len"], same_length=e["same_length"],
-                             dropout=0.0, dropatt=0.0, adaptive=False, untie_r=False)
+    config = TransfoXLConfig(vocab_size=c["n_token"], cutoffs=c["cutoffs"], d_model=c["d_model"],
+                             d_embed=c["d_model"], n_head=c["n_head"], d_head=c["d_head"], d_inner=c["d_inner"],
+                             n_layer=c["n_layer"], mem_len=e["mem_len"], clamp_len=e["clamp_len"],
+                             same_length=e["same_length"], dropout=0.0, dropatt=0.0, adaptive=bool(c["cutoffs"]),
+                             div_val=c["div_val"], untie_r=c.get("untie_r", False),
+                             proj_share_all_but_first=c.get("proj_share_all_but_first", False))
     model = TransfoXLLMHeadModel(config).eval()
     ids = torch.from_numpy(random_ids(e["batch"] * e["tgt_len"] * (e["segments"] + 3) + e["batch"],
-                                      c["n_token"]).astype("int64")).view(e["batch"], -1)
+                                      c["n_token"], zipf=e.get("zipf", False)).astype("int64")).view(e["batch"], -1)
     mems, times = None, []
     with torch.no_grad():
         for i in range(e["segments"] + 2):
@@ -127,25 +135,42 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lengths", default="128,320,640")
     parser.add_argument("--ablations", action="store_true", help="also run ours without XLA / without the kv cache")
+    parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
+    parser.add_argument("--model", choices=["char_small", "wt103_base"], default="char_small")
+    parser.add_argument("--batch", type=int, default=None, help="streams (default: 16 char_small, 8 wt103_base)")
+    parser.add_argument("--segments", type=int, default=None, help="timed segments per pass")
     args = parser.parse_args()
-    c = {**CONFIGS["char_small"], "tgt_len": 64}
+    if args.config_json:
+        c = json.loads(args.config_json)
+    elif args.model == "wt103_base":
+        from txl_keras.models.config import PRESETS
+
+        c = {**PRESETS["wt103_base"], "dropout": 0.0, "tgt_len": 128, "mem_init": "zeros"}
+    else:
+        c = {**configs()["char_small"], "tgt_len": 64}
+    e = dict(EVAL_WT103 if args.model == "wt103_base" else EVAL)
+    e.update({k: v for k, v in (("batch", args.batch), ("segments", args.segments)) if v})
+    config_arg = ["--config_json", json.dumps(c), "--model", args.model] + \
+        [f"--{k}={v}" for k, v in (("batch", args.batch), ("segments", args.segments)) if v]
     if args.impl == "txl_keras":
-        return emit(txl_eval_worker(c, EVAL))
+        return emit(txl_eval_worker(c, e))
     if args.impl == "hf":
-        return emit(hf_eval_worker(c, EVAL))
+        return emit(hf_eval_worker(c, e))
     if args.impl == "speedup":
         return emit(speedup_worker(c, args.length))
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
     ablations = {"txl_keras no kv cache": {"TXL_BENCH_KV": "0"}, "txl_keras no XLA": {"TXL_BENCH_XLA": "0"}}
     results = {"txl_keras": [], "hf": [], **({name: [] for name in ablations} if args.ablations else {})}
     for _ in range(args.rounds):
-        results["txl_keras"].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"]))
+        results["txl_keras"].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg))
         if args.hf_python:
-            results["hf"].append(run_worker(args.hf_python, __file__, ["--impl", "hf"]))
+            results["hf"].append(run_worker(args.hf_python, __file__, ["--impl", "hf"] + config_arg))
         for name, env in ablations.items() if args.ablations else ():
-            results[name].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"], env=env))
-    flops = model_flops_per_token(c, training=False, mem_len=EVAL["mem_len"], tgt_len=EVAL["tgt_len"])
-    print(f"1. long-memory evaluation {EVAL}, char-small model, {flops / 1e6:.1f} MFLOP per token")
+            results[name].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg, env=env))
+    shares = cluster_shares(random_ids(200_000, c["n_token"], zipf=e.get("zipf", False)), c["cutoffs"], c["n_token"]) \
+        if c["cutoffs"] else None
+    flops = model_flops_per_token(c, training=False, mem_len=e["mem_len"], tgt_len=e["tgt_len"], shares=shares)
+    print(f"1. long-memory evaluation {e}, {args.model} model, {flops / 1e6:.1f} MFLOP per token")
     best = {}
     for impl, runs in results.items():
         if runs:
@@ -156,9 +181,11 @@ def main():
     for impl in best:
         if impl != "txl_keras":
             print(f"ratio txl_keras / {impl}: {best['txl_keras'] / best[impl]:.2f}x")
+    if args.model != "char_small" or not args.lengths:
+        return
     print("2. evaluation speed, Transformer-XL vs vanilla sliding window (per predicted token)")
     for length in [int(x) for x in args.lengths.split(",")]:
-        r = run_worker(sys.executable, __file__, ["--impl", "speedup", "--length", str(length)])
+        r = run_worker(sys.executable, __file__, ["--impl", "speedup", "--length", str(length)] + config_arg)
         print(f"attention length {length:>4}: Transformer-XL {r['xl_s_per_token'] * 1e3:.3f} ms, vanilla "
               f"{r['vanilla_s_per_token'] * 1e3:.1f} ms -> {r['vanilla_s_per_token'] / r['xl_s_per_token']:,.0f}x "
               "(paper: 363x at 800, 1,874x at 3,800)")

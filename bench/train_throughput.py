@@ -14,13 +14,14 @@ of the step's time next to their share of its FLOPs.
 """
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (CONFIGS, cluster_shares, model_config, current_rss_mb, emit, matmul_ceiling_gflops,  # noqa: E402
+from common import (CONFIG_NAMES, cluster_shares, configs, model_config, current_rss_mb, emit, matmul_ceiling_gflops,  # noqa: E402
                     model_flops_per_token, peak_rss_mb, random_ids, run_worker)
 
 
@@ -58,7 +59,9 @@ def adaptive_profile(trainer, c, tokens, repeats=10):
         fn()
         start = time.perf_counter()
         for _ in range(repeats):
-            tf.nest.map_structure(lambda t: t.numpy() if t is not None else None, fn())
+            for grad in fn():  # wait for every gradient (dense or IndexedSlices)
+                if grad is not None:
+                    tf.convert_to_tensor(grad).numpy()
         out[name] = (time.perf_counter() - start) / repeats
     return out
 
@@ -155,7 +158,8 @@ def hf_worker(args, c):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="char_small", choices=sorted(CONFIGS))
+    parser.add_argument("--config", default="char_small", choices=CONFIG_NAMES)
+    parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
     parser.add_argument("--impl", choices=["txl_keras", "hf"], help="run one worker (internal)")
     parser.add_argument("--hf_python", default=None, help="python with torch 2.13.0 + transformers 4.35.2")
     parser.add_argument("--rounds", type=int, default=2)
@@ -168,14 +172,14 @@ def main():
                         help="token id distribution (default: zipf with cutoffs, else uniform)")
     parser.add_argument("--profile", action="store_true", help="time the adaptive layers alone too")
     args = parser.parse_args()
-    c = CONFIGS[args.config]
+    c = json.loads(args.config_json) if args.config_json else configs()[args.config]
     args.ids = args.ids or ("zipf" if c["cutoffs"] else "uniform")
     if args.impl == "txl_keras":
         return emit(txl_worker(args, c))
     if args.impl == "hf":
         return emit(hf_worker(args, c))
     common = ["--config", args.config, "--warmup", str(args.warmup), "--steps", str(args.steps),
-              "--threads", str(args.threads), "--ids", args.ids]
+              "--threads", str(args.threads), "--ids", args.ids, "--config_json", json.dumps(c)]
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
         + (["--profile"] if args.profile else [])
     results = {"txl_keras": [], "hf": []}
