@@ -51,15 +51,22 @@ def checkpoint_name(step):
 # -- the folder's identity ----------------------------------------------------------------------
 
 
-def read_config(model_dir):
-    """The TransformerXLConfig of a run folder, or None when it has no config.json."""
-    path = files.join(model_dir, CONFIG)
+def _read(model_dir, name, parse, fix):
+    """`parse(text)` of a file of the run folder, or None when it is absent; a damaged
+    file is a RunFolderError naming it and `fix`."""
+    path = files.join(model_dir, name)
     if not files.exists(path):
         return None
     try:
-        return TransformerXLConfig.from_json(files.read_text(path))
+        return parse(files.read_text(path))
     except ValueError as e:
-        raise RunFolderError(f"{path} is not a valid model config: {e}") from None
+        raise RunFolderError(f"{path} is damaged or not a txl_keras {name} ({e}); {fix}.") from None
+
+
+def read_config(model_dir):
+    """The TransformerXLConfig of a run folder, or None when it has no config.json."""
+    return _read(model_dir, CONFIG, TransformerXLConfig.from_json,
+                 "restore it, or use another --model_dir")
 
 
 def require_config(model_dir):
@@ -179,14 +186,7 @@ def save_checkpoint(model_dir, step, model, state, keep=5):
 
 def read_best(model_dir):
     """The record of the best weights so far (`{"step", "loss", ..., "weights"}`), or None."""
-    path = files.join(model_dir, BEST)
-    if not files.exists(path):
-        return None
-    try:
-        return json.loads(files.read_text(path))
-    except ValueError as e:
-        raise RunFolderError(f"{path} is damaged ({e}); delete it to start a new record of the best "
-                             "weights.") from None
+    return _read(model_dir, BEST, json.loads, "delete it to start a new record of the best weights")
 
 
 def save_best(model_dir, model, step, results):
