@@ -47,8 +47,8 @@ def test_two_replicas_with_dropout_train_like_one_device(tmp_path, mirrored):
             v.assign(v.numpy() + np.array([salt, 0]))
         return train_losses(trainer)
 
-    one = [losses(f"one_{k}", salt=1000 * k) for k in range(3)]
-    spread = max(np.abs(a - b).mean() for i, a in enumerate(one) for b in one[i + 1:])
+    one = [losses(f"one_{k}", salt=1000 * k) for k in range(2)]
+    spread = np.abs(one[0] - one[1]).mean()
     assert spread > 0
     two = losses("two", mirrored)
     assert np.abs(two - one[0]).mean() <= 3 * spread
@@ -66,9 +66,8 @@ def test_memory_persists_across_host_loop_calls(tmp_path):
     assert np.abs(per_step.memory.memory_variables[1].numpy()).sum() > 0
 
 
-@pytest.mark.parametrize("eval_settings", [
+@pytest.mark.parametrize("eval_settings", [  # other tgt/mem/clamp/same_length: test_trainer_options.py
     {},
-    {"eval_tgt_len": 5, "eval_mem_len": 12, "eval_clamp_len": 6, "eval_same_length": True},
     {"model": {"pre_lnorm": True, "mem_init": "zeros"}},  # cached keys/values of a zero memory
 ])
 def test_evaluation_equals_direct_computation_over_the_split(tmp_path, eval_settings):

@@ -274,11 +274,14 @@ def test_text_with_another_encoding_and_a_given_vocabulary(tmp_path):
 @pytest.mark.slow
 def test_sigkill_inside_a_checkpoint_write_then_resume(world, tmp_path):
     """A real SIGKILL while the process is writing a checkpoint (stopped inside the write by
-    a hook that waits for the signal): the folder keeps its previous checkpoint, and the
-    same command resumes from it to the weights of an uninterrupted run."""
+    a hook that waits for the signal), on two replicas each drawing its own dropout masks:
+    the folder keeps its previous checkpoint, and the same command resumes from it to the
+    bit-identical weights, optimizer, randomness, memories and loss curve of an
+    uninterrupted run."""
     records = os.path.join(str(world), "records")
     model_dir = str(tmp_path / "killed")
-    flags_ = ["--train_steps=8", "--iterations=2", "--save_steps=4", "--do_eval=false"]
+    flags_ = ["--train_steps=8", "--iterations=2", "--save_steps=4", "--do_eval=false", "--num_core_per_host=2",
+              "--dropout=0.1", "--dropatt=0.1"]
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(  # stops the process inside the write of checkpoint 8
@@ -308,6 +311,16 @@ def test_sigkill_inside_a_checkpoint_write_then_resume(world, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout and "(step 4)" in resumed.stdout
     reference = str(tmp_path / "reference")
-    assert run(train_command(records, reference, *flags_)).returncode == 0
+    uninterrupted = run(train_command(records, reference, *flags_))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
     assert _same_weights(reference, model_dir)
+    a, b = (run_folder.load_state(os.path.join(d, "ckpt-00000008")) for d in (reference, model_dir))
+    assert sorted(a) == sorted(b) and any(k.startswith("memory_0_replica_1") for k in a)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+    def losses(text):
+        return [line.split("| tok/s")[0] for line in text.splitlines() if line.startswith("step ")]
+
+    assert losses(resumed.stdout) == losses(uninterrupted.stdout)[-len(losses(resumed.stdout)):]
     assert not any(name.endswith(".partial") for name in os.listdir(model_dir))
