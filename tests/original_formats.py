@@ -72,7 +72,11 @@ def write_tf_checkpoint(path, arrays):
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            return saver.save(session, path)
+            prefix = saver.save(session, path)
+    reader = tf.train.load_checkpoint(prefix)  # the file holds every array as given
+    for name, value in arrays.items():
+        np.testing.assert_array_equal(reader.get_tensor(name), value, err_msg=name)
+    return prefix
 
 
 CASES = {  # name: (n_token, cutoffs, div_val, d_embed, untie_r, proj_share_all_but_first, proj_same_dim)
@@ -106,5 +110,7 @@ def write_cache_pkl(path, symbols, unk="<unk>", dataset="wt103"):
         corpus.__dict__.update(vocab=vocab, dataset=dataset, train=np.arange(5))
         with open(path, "wb") as f:
             pickle.dump(corpus, f, protocol=2)
+        with open(path, "rb") as f:  # it loads back as the original's classes, with the symbols given
+            assert pickle.load(f).vocab.idx2sym == list(symbols)
     finally:
         del sys.modules["vocabulary"], sys.modules["data_utils"]

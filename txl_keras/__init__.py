@@ -8,8 +8,13 @@
 
 import importlib
 
+import keras
+
 from txl_keras import layers
 from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, TransformerXLLM
+
+if keras.backend.backend() == "tensorflow":  # each tf.distribute replica draws its own dropout masks
+    importlib.import_module("txl_keras.tf_replicas")
 
 __version__ = "0.1.0"
 

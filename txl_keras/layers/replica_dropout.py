@@ -21,17 +21,21 @@ from keras import ops
 _SALT = 0x9E3779B1
 
 
-def replica_id():
-    """The replica id in a `tf.distribute` replica context with more than one replica
-    (an int32 scalar tensor, or a Python int), else None (one replica, other backends)."""
-    if keras.backend.backend() != "tensorflow":
-        return None
-    import tensorflow as tf
+_REPLICA_ID_SOURCE = [None]
 
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return None
-    return context.replica_id_in_sync_group
+
+def set_replica_id_source(source):
+    """Install `source() -> replica id or None`, the backend's way to tell which replica of
+    a data-parallel step is running (`txl_keras.tf_replicas` installs TensorFlow's
+    `tf.distribute` one when the package is imported on that backend); None removes it."""
+    _REPLICA_ID_SOURCE[0] = source
+
+
+def replica_id():
+    """The id of the running replica when there is more than one (an int32 scalar tensor
+    or a Python int), else None (one replica, or no source for this backend)."""
+    source = _REPLICA_ID_SOURCE[0]
+    return None if source is None else source()
 
 
 class ReplicaSeedGenerator(keras.random.SeedGenerator):
