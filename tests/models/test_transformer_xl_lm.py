@@ -33,6 +33,9 @@ def numpy_weights(model):
     }
     for i in range(soft.n_clusters):
         table, bias, proj = soft.cluster_weights(i)
+        table = to_np(table)
+        if soft.div_val == 1:  # one table for the whole vocabulary: the cluster's rows
+            table = table[soft.bounds[i]:soft.bounds[i + 1]]
         w["clusters"].append((to_np(table), to_np(bias), None if proj is None else to_np(proj)))
     if soft.cutoffs:
         w["cluster_W"], w["cluster_b"] = to_np(soft.cluster_W), to_np(soft.cluster_b)

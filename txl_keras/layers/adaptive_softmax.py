@@ -1,12 +1,39 @@
 """Adaptive softmax (Grave et al., 2017) with the projections of Transformer-XL."""
 
+import math
+
 import keras
+import numpy as np
 from keras import ops
 
 from txl_keras.layers.adaptive_embedding import check_cutoffs, cluster_bounds
 
 CLUSTER_ORDERS = ("tf", "pytorch")
 TAIL_MODES = ("auto", "gather", "dense")
+
+
+def row_blocks(table, low, high):
+    """Rows `[low, high)` of a `(rows, width)` table as a list of consecutive blocks
+    (concatenated, they are `table[low:high]`).
+
+    TensorFlow copies a row slice unless a row's bytes are a multiple of 64 (d_embed 410
+    is not: 262 MB per wt103 tail cluster and call), but shares the buffer of a 1-D
+    slice whose ends are 64-byte aligned. So the rows are taken from the table's flat
+    view: one shared block between the first and last aligned rows, and the few rows
+    outside it (fewer than 16 at each end) as small copies.
+    """
+    width = table.shape[-1]
+    itemsize = np.dtype(keras.backend.standardize_dtype(table.dtype)).itemsize
+    step = max(1, 64 // math.gcd(width * itemsize, 64))  # rows between aligned offsets
+    start, end = -(-low // step) * step, high // step * step
+    if end <= start:
+        return [table[low:high]]
+    flat = ops.reshape(table, (-1,))
+    blocks = [table[low:start]] if start > low else []
+    blocks.append(ops.reshape(flat[start * width : end * width], (end - start, width)))
+    if end < high:
+        blocks.append(table[end:high])
+    return blocks
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -171,36 +198,43 @@ class AdaptiveSoftmax(keras.layers.Layer):
             table = self.embedding.tables[0 if self.div_val == 1 else i]
         else:
             table = self.own_tables[0 if self.div_val == 1 else i]
-        if self.div_val == 1 and self.cutoffs:
-            table = table[self.bounds[i] : self.bounds[i + 1]]
         if self.tie_projs[i]:
             proj = self.embedding.projections[0 if self.div_val == 1 else i]
         else:
             proj = self.own_projections[i]
         return table, self.biases[i], proj
 
-    def _logits_of(self, hidden, table, bias, proj):
+    def _cluster_blocks(self, i):
+        """`cluster_weights(i)` with the cluster's rows of the table as a list of row
+        blocks (`row_blocks`: no copy of a shared table on TensorFlow)."""
+        table, bias, proj = self.cluster_weights(i)
+        if self.div_val == 1 and self.cutoffs:
+            return row_blocks(table, self.bounds[i], self.bounds[i + 1]), bias, proj
+        return [table], bias, proj
+
+    def _logits_of(self, hidden, blocks, bias, proj):
         x = ops.cast(hidden, self.compute_dtype)
         if proj is not None:
             x = ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
-        logits = ops.matmul(x, ops.transpose(ops.cast(table, self.compute_dtype)))
+        parts = [ops.matmul(x, ops.transpose(ops.cast(block, self.compute_dtype))) for block in blocks]
+        logits = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
         return ops.cast(logits, "float32") + ops.cast(bias, "float32")
 
-    def _log_softmax_of(self, hidden, table, bias, proj):
-        return ops.log_softmax(self._logits_of(hidden, table, bias, proj), axis=-1)
+    def _log_softmax_of(self, hidden, blocks, bias, proj):
+        return ops.log_softmax(self._logits_of(hidden, blocks, bias, proj), axis=-1)
 
-    def _nll_of(self, hidden, targets, table, bias, proj):
+    def _nll_of(self, hidden, targets, blocks, bias, proj):
         # A fused cross-entropy (one kernel on TF, whose gradient is softmax - one_hot);
         # picking log-probs with take_along_axis costs a scatter over all logits instead.
-        logits = self._logits_of(hidden, table, bias, proj)
+        logits = self._logits_of(hidden, blocks, bias, proj)
         return ops.sparse_categorical_crossentropy(targets, logits, from_logits=True)
 
     def _head_weights(self):
-        table, bias, proj = self.cluster_weights(0)
+        blocks, bias, proj = self._cluster_blocks(0)
         if self.cutoffs:
-            table = ops.concatenate([table, self.cluster_W], axis=0)
+            blocks = [ops.concatenate(blocks + [self.cluster_W], axis=0)]
             bias = ops.concatenate([bias, self.cluster_b], axis=0)
-        return table, bias, proj
+        return blocks, bias, proj
 
     def _use_dense(self):
         if self.tail_mode == "auto":
@@ -223,7 +257,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
     def _tail_nll(self, i, hidden, targets):
         low, high = self.bounds[i], self.bounds[i + 1]
         in_cluster = ops.logical_and(targets >= low, targets < high)
-        weights = self.cluster_weights(i)
+        weights = self._cluster_blocks(i)
         if self._use_dense():
             local = ops.clip(targets - low, 0, high - low - 1)
             tail = self._nll_of(hidden, local, *weights)
@@ -241,7 +275,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         parts = [head[:, : self.bounds[1]]]
         for i in range(1, self.n_clusters):
             column = self.head_column(i)
-            tail = self._log_softmax_of(flat, *self.cluster_weights(i))
+            tail = self._log_softmax_of(flat, *self._cluster_blocks(i))
             parts.append(head[:, column : column + 1] + tail)
         full = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
         return ops.reshape(full, tuple(lead) + (self.vocabulary_size,))
