@@ -7,6 +7,7 @@ from conftest import attention_weights, feed_forward_weights, randomize, to_np
 
 import reference
 from txl_keras import TransformerXLConfig, TransformerXLLM
+from txl_keras.layers import KeyValueMemory
 
 ADAPTIVE = dict(n_token=40, n_layer=2, d_model=12, d_embed=16, n_head=2, d_head=5, d_inner=20,
                 dropout=0.0, dropatt=0.0, tgt_len=5, mem_len=6, cutoffs=[10, 24], div_val=2,
@@ -94,12 +95,26 @@ def test_cached_memory_keys_and_values_equal_recomputing_them(overrides):
     model = build(cfg)
     x = tokens(cfg, 2, 20)
     plain = cached = None
+    # the memory held only as keys and values, in a ring written in place
+    ring = KeyValueMemory(cfg.mem_len, cfg.n_layer, 2 * cfg.n_head * cfg.d_head, 2, 5 - cfg.ext_len)
+    if cfg.mem_init == "zeros":
+        ring.reset(model.backbone.memory_kv([np.zeros((2, cfg.mem_len, cfg.d_model), "float32")] * cfg.n_layer),
+                   cfg.mem_len)
     for start in range(0, 20, 5):
         segment = x[:, start:start + 5]
         plain = model(segment, targets=segment, mems=plain and plain["mems"])
         cached = model(segment, targets=segment, mems=cached and cached["mems"],
                        memory_kv=cached and cached["memory_kv"], cache_kv=True)
         np.testing.assert_allclose(to_np(cached["nll"]), to_np(plain["nll"]), atol=1e-5)
+        kvs, valid = ring.read()
+        ringed = model(segment, targets=segment, memory_kv=kvs, memory_valid=valid)
+        assert "mems" not in ringed
+        np.testing.assert_allclose(to_np(ringed["nll"]), to_np(plain["nll"]), atol=1e-5)
+        ring.append(ringed["segment_kv"], ringed["memory_valid"])
+        kvs, valid = ring.read()
+        for kv, want in zip(kvs, cached["memory_kv"]):  # its newest rows are the cached memory's
+            n = int(valid)
+            np.testing.assert_allclose(to_np(kv)[:, cfg.mem_len - n:], to_np(want)[:, -n:], atol=1e-6)
         for block, mem, kv in zip(model.backbone.blocks, cached["mems"], cached["memory_kv"]):
             # the cache holds exactly the projection of the memory it stands for
             rows, layer = to_np(mem), block.attention

@@ -3,6 +3,7 @@
 from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
 from txl_keras.layers.attention_mask import causal_attention_mask
+from txl_keras.layers.key_value_memory import KeyValueMemory
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.positionwise_feed_forward import PositionwiseFeedForward
@@ -14,6 +15,7 @@ from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 __all__ = [
     "AdaptiveEmbedding",
     "AdaptiveSoftmax",
+    "KeyValueMemory",
     "MemoryCache",
     "PositionalEmbedding",
     "PositionwiseFeedForward",

@@ -5,6 +5,20 @@ from keras import ops
 from keras.src.utils import tracking
 
 
+def state_variable(initial, shape, dtype, name):
+    """A non-trainable variable of state kept between calls, one value per replica
+    under `tf.distribute`."""
+    return keras.Variable(
+        initial,
+        shape=shape,
+        dtype=dtype,
+        trainable=False,
+        synchronization="on_read",
+        aggregation="only_first_replica",
+        name=name,
+    )
+
+
 @keras.saving.register_keras_serializable(package="txl_keras")
 class MemoryCache(keras.layers.Layer):
     """Keeps, for every layer, the last `mem_len` hidden states that entered it.
@@ -96,26 +110,9 @@ class MemoryCache(keras.layers.Layer):
         # stateless calls thread through jit.
         shape = (self.batch_size, self.mem_len, self.hidden_dim)
         self.memory_variables = [
-            keras.Variable(
-                "zeros",
-                shape=shape,
-                dtype=self.compute_dtype,
-                trainable=False,
-                synchronization="on_read",
-                aggregation="only_first_replica",
-                name=f"memory_{i}",
-            )
-            for i in range(self.num_layers)
+            state_variable("zeros", shape, self.compute_dtype, f"memory_{i}") for i in range(self.num_layers)
         ]
-        self.valid_variable = keras.Variable(
-            self.mem_len if self.zero_init else 0,
-            shape=(),
-            dtype="int32",
-            trainable=False,
-            synchronization="on_read",
-            aggregation="only_first_replica",
-            name="memory_valid",
-        )
+        self.valid_variable = state_variable(self.mem_len if self.zero_init else 0, (), "int32", "memory_valid")
 
     @property
     def variables(self):

@@ -68,13 +68,18 @@ class TransformerXL(keras.Model):
             positions only (attn_type 0 or 1).
         memory_kv: optional list of `n_layer` tensors `(batch_size, M, 2 * n_head *
             d_head)`, the `"memory_kv"` of the previous call (implies `cache_kv`);
-            without it, `cache_kv` projects `mems` once (`memory_kv(mems)`).
+            without it, `cache_kv` projects `mems` once (`memory_kv(mems)`). Given
+            without `mems`, the memory is held only as keys and values (a
+            `KeyValueMemory` keeps them in place between calls).
 
     Returns:
         dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
-        `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)`; with
-        `memory_valid` (or in stateful mode) also the new `"memory_valid"`; with
-        `cache_kv` also `"memory_kv"`, the new memories' keys and values.
+        `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)` (not when
+        the memory is held only as keys and values); with `memory_valid` (or in
+        stateful mode) also the new `"memory_valid"`; with `cache_kv` also
+        `"memory_kv"`, the new memories' keys and values, and `"segment_kv"`, those of
+        the segment's rows that enter the memory (`n_layer` tensors `(batch_size,
+        T - ext_len, 2 * n_head * d_head)`).
 
     Example:
     >>> model = TransformerXL(TransformerXLConfig.from_preset("tiny"))
@@ -244,7 +249,8 @@ class TransformerXL(keras.Model):
         if memory_kv is None:
             return
         width = 2 * c.n_head * c.d_head
-        length = None if mems is None else mems[0].shape[1]
+        length = (memory_kv[0].shape[1] if isinstance(memory_kv, (list, tuple)) and memory_kv else None) \
+            if mems is None else mems[0].shape[1]
         if not isinstance(memory_kv, (list, tuple)) or len(memory_kv) != c.n_layer or any(
             len(kv.shape) != 3 or kv.shape[2] != width or kv.shape[1] != length for kv in memory_kv
         ):
@@ -269,17 +275,21 @@ class TransformerXL(keras.Model):
         settings = self.config.with_memory(mem_len, clamp_len, same_length)
         if self.stateful:
             mems, memory_valid = self.memory.read()
-        elif mems is None:
+        elif mems is None and memory_kv is None:
             mems = self.memory.initial_memories(ops.shape(tokens)[0]) if settings.mem_len else None
+        kv_only = mems is None and memory_kv is not None
         if cache_kv and memory_kv is None and mems is not None:
             memory_kv = self.memory_kv(mems)
 
         hidden, layer_inputs, current_kv = self._forward_layers(
             tokens, mems, memory_kv, memory_valid, settings, cache_kv, training)
-        out = {"hidden": self.out_dropout(hidden, training=training),
-               "mems": self.memory(layer_inputs, mems, mem_len=settings.mem_len)}
+        out = {"hidden": self.out_dropout(hidden, training=training)}
+        if not kv_only:
+            out["mems"] = self.memory(layer_inputs, mems, mem_len=settings.mem_len)
         if cache_kv:  # the same update as the memory's, applied to its keys and values
             out["memory_kv"] = self.memory(current_kv, memory_kv, mem_len=settings.mem_len)
+            kept = ops.shape(tokens)[1] - settings.ext_len
+            out["segment_kv"] = [kv[:, :kept] for kv in current_kv] if settings.ext_len else current_kv
         if memory_valid is not None:
             query_length = ops.shape(tokens)[1]
             out["memory_valid"] = ops.minimum(settings.mem_len, memory_valid + query_length - settings.ext_len)
@@ -292,7 +302,8 @@ class TransformerXL(keras.Model):
         keys and values)`."""
         c = settings
         query_length = ops.shape(tokens)[1]
-        memory_length = 0 if mems is None else ops.shape(mems[0])[1]
+        memory = mems if mems is not None else memory_kv
+        memory_length = 0 if memory is None else ops.shape(memory[0])[1]
         max_distance = None
         if c.same_length:
             max_distance = c.mem_len if c.same_length_convention == "tf" else c.mem_len - 1

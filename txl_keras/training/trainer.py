@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tf_records import distributed_dataset_fn, files, load_record_info, verify_records
 from txl_keras import run_folder
+from txl_keras.layers.key_value_memory import KeyValueMemory
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.models.flops import model_flops_per_token
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
@@ -416,58 +417,74 @@ class Trainer:
         settings = self.config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
         return settings, tc.eval_tgt_len or self.config.tgt_len
 
-    def eval_step_fn(self, settings):
-        """`(start, replica_eval)` for these evaluation settings, built once per settings:
-        `start()` (replica context) empties each replica's memory and the cache of its keys
-        and values; `replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over
-        replicas (float32, int32) advances them."""
-        key = settings.to_json()
+    def eval_step_fn(self, settings, tgt_len):
+        """`(start, replica_eval, eval_step)` for these evaluation settings and segment
+        length, built once: `start()` (cross-replica) empties each replica's memory;
+        `replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over replicas
+        (float32, int32) scores a segment and advances the memory; `eval_step` runs it
+        on every replica."""
+        key = (settings.to_json(), tgt_len)
         if key not in self._eval_fns:
-            self._eval_fns[key] = self._build_eval_step(settings)
+            self._eval_fns[key] = self._build_eval_step(settings, tgt_len)
         return self._eval_fns[key]
 
-    def _build_eval_step(self, settings):
+    def _build_eval_step(self, settings, tgt_len):
         batch = self.tc.eval_batch_size // self.cores
-        # With relative positions the memory's keys and values are kept, not recomputed
-        # every segment (the weights do not change): ~1.5x fewer FLOPs at mem_len 5 tgt_len.
-        cache_kv = self.model.backbone.can_cache_kv and settings.mem_len > 0
-        with self.strategy.scope():
-            memory = self._memory(settings.mem_len, batch)
-            kv_memory = self._memory(settings.mem_len, batch, 2 * settings.n_head * settings.d_head) \
-                if cache_kv else None
         model = self.model
         overrides = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
+        # With relative positions the memory is held as its keys and values, not its hidden
+        # states (the weights do not change): each segment projects only its own rows, ~1.5x
+        # fewer FLOPs at mem_len 5 tgt_len, and writes them in place (KeyValueMemory).
+        cache_kv = model.backbone.can_cache_kv and settings.mem_len > 0
+        with self.strategy.scope():
+            if cache_kv:
+                memory = KeyValueMemory(settings.mem_len, settings.n_layer, 2 * settings.n_head * settings.d_head,
+                                        batch, tgt_len - settings.ext_len, dtype=self.tc.precision)
+            else:
+                memory = self._memory(settings.mem_len, batch)
+        jit = self.eval_uses_xla
 
-        def backbone(inputs, mems, kvs, valid):
-            out = model.backbone(inputs, mems=mems, memory_valid=valid, memory_kv=kvs, training=False, **overrides)
-            return out["hidden"], out["mems"], out.get("memory_kv"), out["memory_valid"]
+        def backbone(inputs):
+            mems, valid = memory.read()
+            if cache_kv:
+                out = model.backbone(inputs, memory_kv=mems, memory_valid=valid, training=False, **overrides)
+                return out["hidden"], out["segment_kv"], out["memory_valid"]
+            out = model.backbone(inputs, mems=mems, memory_valid=valid, training=False, **overrides)
+            return out["hidden"], out["mems"], out["memory_valid"]
 
-        if self.eval_uses_xla and not self.eval_softmax_in_xla:
-            backbone = tf.function(backbone, jit_compile=True)
+        def scored_backbone(inputs, targets):
+            hidden, new_memory, new_valid = backbone(inputs)
+            return model.softmax(hidden, targets), new_memory, new_valid
 
-        def forward(inputs, targets, mems, kvs, valid):
-            hidden, new_mems, new_kvs, new_valid = backbone(inputs, mems, kvs, valid)
-            return model.softmax(hidden, targets), new_mems, new_kvs, new_valid
+        # The backbone is XLA-compiled with the softmax when its shapes are static, else the
+        # softmax's dynamic tails run after it. The memory is written by its own compiled
+        # function, where XLA updates the variables in place.
+        if jit and self.eval_softmax_in_xla:
+            forward = tf.function(scored_backbone, jit_compile=True)
+        else:
+            compiled = tf.function(backbone, jit_compile=True) if jit else backbone
 
-        if self.eval_uses_xla and self.eval_softmax_in_xla:
-            forward = tf.function(forward, jit_compile=True)
+            def forward(inputs, targets):
+                hidden, new_memory, new_valid = compiled(inputs)
+                return model.softmax(hidden, targets), new_memory, new_valid
+        store = memory.append if cache_kv else memory.write
+        store = tf.function(store, jit_compile=True) if jit else store
 
         def start():
             # An empty memory (zeros that count with mem_init "zeros") and its keys and values.
-            zeros = [tf.zeros_like(m) for m in memory.read()[0]]
-            valid = tf.constant(settings.mem_len if settings.mem_init == "zeros" else 0, tf.int32)
-            memory.write(zeros, valid)
+            zero_init = settings.mem_init == "zeros"
+            valid = tf.constant(settings.mem_len if zero_init else 0, tf.int32)
             if cache_kv:
-                kv_memory.write(model.backbone.memory_kv(zeros), valid)
+                zeros = tf.zeros((batch, settings.mem_len, settings.d_model), self.model.compute_dtype)
+                kvs = model.backbone.memory_kv([zeros] * settings.n_layer) if zero_init else None
+                memory.reset(kvs, valid)
+            else:
+                memory.write([tf.zeros_like(m) for m in memory.read()[0]], valid)
 
         def replica_eval(inputs, targets):
-            mems, valid = memory.read()
-            kvs = kv_memory.read()[0] if cache_kv else None
             mask = targets >= 0
-            nll, new_mems, new_kvs, new_valid = forward(inputs, tf.maximum(targets, 0), mems, kvs, valid)
-            memory.write(new_mems, new_valid)
-            if cache_kv:
-                kv_memory.write(new_kvs, new_valid)
+            nll, new_memory, new_valid = forward(inputs, tf.maximum(targets, 0))
+            store(new_memory, new_valid)
             context = tf.distribute.get_replica_context()
             # float32 sums per batch, int32 counts (TPUs have no float64); the host adds
             # the batches up in Python floats.
@@ -492,7 +509,7 @@ class Trainer:
         split = split or tc.eval_split
         settings, tgt_len = self.eval_settings()
         info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
-        start, _, eval_step = self.eval_step_fn(settings)
+        start, _, eval_step = self.eval_step_fn(settings, tgt_len)
         start()
 
         fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=settings.n_token)

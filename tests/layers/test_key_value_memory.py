@@ -1,0 +1,37 @@
+import numpy as np
+import pytest
+from conftest import to_np
+
+from txl_keras.layers import KeyValueMemory
+
+
+@pytest.mark.parametrize("mem_len,segment", [(6, 2), (7, 3), (2, 5), (4, 4)])
+def test_read_is_the_last_mem_len_rows_appended_in_order(mem_len, segment):
+    # Reference: the plain shifting memory (concatenate, keep the last mem_len rows).
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(2, 2, mem_len, 3)).astype("float32")
+    memory = KeyValueMemory(mem_len, num_layers=2, width=3, batch_size=2, segment_length=segment)
+    memory.reset(list(start), 1)
+    want, valid = list(start), 1
+    for step in range(9):  # the ring wraps around several times
+        kvs, count = memory.read()
+        for got, expected in zip(kvs, want):
+            np.testing.assert_array_equal(to_np(got), expected)
+        assert int(count) == valid
+        rows = rng.normal(size=(2, 2, segment, 3)).astype("float32")
+        valid = min(mem_len, valid + segment)
+        memory.append(list(rows), valid)
+        want = [np.concatenate([w, r], axis=1)[:, -mem_len:] for w, r in zip(want, rows)]
+    memory.reset()
+    kvs, count = memory.read()
+    assert int(count) == 0 and not np.any(to_np(kvs[0]))
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="segment_length"):
+        KeyValueMemory(4, 1, 2, batch_size=1, segment_length=0)
+    memory = KeyValueMemory(4, 1, 2, batch_size=1, segment_length=2)
+    with pytest.raises(ValueError, match=r"shape \(batch_size, 2, 2\)"):
+        memory.append([np.zeros((1, 3, 2), "float32")], 3)
+    config = memory.get_config()
+    assert KeyValueMemory.from_config(config).capacity == 4 and config["segment_length"] == 2

@@ -1,0 +1,117 @@
+"""Keys and values of the memory, kept in place between segments (frozen weights)."""
+
+import keras
+from keras import ops
+from keras.src.utils import tracking
+
+from txl_keras.layers.memory_cache import state_variable
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class KeyValueMemory(keras.layers.Layer):
+    """For every layer, the keys and values of the last `mem_len` positions, in ring
+    buffers that each segment writes in place.
+
+    With relative positions a memory row's keys and values never change while the
+    weights do not (evaluation, scoring), so the model needs only them, not the hidden
+    states (`TransformerXL(..., memory_kv=...)` without `mems`). Shifting a memory of
+    1,600 rows every segment moves the whole memory; here a segment overwrites only the
+    slots of the oldest rows: `append` is an in-place update of `segment_length` rows
+    when compiled by itself (XLA aliases the variables), and `read` returns the rows in
+    time order (a rotation that XLA fuses into the attention's use of them).
+
+    Each ring holds `capacity = ceil(mem_len / segment_length) * segment_length` rows,
+    so a segment never wraps around its end; the state is the rings, the slot `offset`
+    of the oldest row and the count `valid` of slots holding real positions. Under
+    `tf.distribute` each replica keeps its own (`synchronization="on_read"`).
+
+    Args:
+        mem_len: int > 0, rows visible to the model.
+        num_layers: int, one ring per layer.
+        width: int, `2 * n_head * d_head` (keys then values).
+        batch_size: int, the per-replica batch size.
+        segment_length: int > 0, rows added by every `append`.
+        **kwargs: base layer arguments (`name`, `dtype`).
+
+    Methods:
+        read(): `(kvs, valid)`, `num_layers` tensors `(batch_size, mem_len, width)`, oldest
+            row first, and the int32 count of valid (most recent) rows.
+        append(segment_kv, valid): store `num_layers` tensors `(batch_size,
+            segment_length, width)` as the newest rows, and the new count.
+        reset(kvs=None, valid=0): start again from `kvs` (`num_layers` tensors
+            `(batch_size, mem_len, width)`, zeros if None).
+
+    Example:
+    >>> memory = KeyValueMemory(mem_len=3, num_layers=1, width=2, batch_size=1, segment_length=2)
+    >>> memory.append([ops.ones((1, 2, 2))], 2)
+    >>> kvs, valid = memory.read()
+    >>> ops.convert_to_numpy(kvs[0][0, :, 0]).tolist(), int(valid)
+    ([0.0, 1.0, 1.0], 2)
+    """
+
+    def __init__(self, mem_len, num_layers, width, batch_size, segment_length, **kwargs):
+        super().__init__(**kwargs)
+        for name, value in (("mem_len", mem_len), ("num_layers", num_layers), ("width", width),
+                            ("batch_size", batch_size), ("segment_length", segment_length)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Expected `{name}` to be a positive integer. Received: {name}={value!r}")
+        self.mem_len = mem_len
+        self.num_layers = num_layers
+        self.width = width
+        self.batch_size = batch_size
+        self.segment_length = segment_length
+        self.capacity = -(-mem_len // segment_length) * segment_length
+        self._create_state_variables()
+        self.built = True
+
+    @tracking.no_automatic_dependency_tracking
+    def _create_state_variables(self):
+        shape = (self.batch_size, self.capacity, self.width)
+        self.rings = [state_variable("zeros", shape, self.compute_dtype, f"ring_{i}")
+                      for i in range(self.num_layers)]
+        self.offset = state_variable(0, (), "int32", "offset")
+        self.valid = state_variable(0, (), "int32", "valid")
+
+    @property
+    def variables(self):
+        return super().variables + self.rings + [self.offset, self.valid]
+
+    def read(self):
+        offset = self.offset.value
+        start = self.capacity - self.mem_len
+        kvs = [ops.roll(ring.value, -offset, axis=1)[:, start:] for ring in self.rings]
+        return kvs, self.valid.value
+
+    def append(self, segment_kv, valid):
+        offset = self.offset.value
+        for ring, rows in zip(self.rings, segment_kv):
+            if tuple(rows.shape[1:]) != (self.segment_length, self.width):
+                raise ValueError(
+                    f"Expected segment keys and values of shape (batch_size, {self.segment_length}, "
+                    f"{self.width}). Received shape {tuple(rows.shape)}"
+                )
+            ring.assign(ops.slice_update(ring.value, [0, offset, 0], ops.cast(rows, ring.dtype)))
+        self.offset.assign((offset + self.segment_length) % self.capacity)
+        self.valid.assign(ops.cast(valid, "int32"))
+
+    def reset(self, kvs=None, valid=0):
+        # The given rows fill the last mem_len slots; the next append overwrites slot 0.
+        for i, ring in enumerate(self.rings):
+            rows = ops.zeros(ring.shape, ring.dtype)
+            if kvs is not None:
+                start = self.capacity - self.mem_len
+                rows = ops.concatenate([rows[:, :start], ops.cast(kvs[i], ring.dtype)], axis=1)
+            ring.assign(rows)
+        self.offset.assign(0)
+        self.valid.assign(ops.cast(valid, "int32"))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "mem_len": self.mem_len,
+            "num_layers": self.num_layers,
+            "width": self.width,
+            "batch_size": self.batch_size,
+            "segment_length": self.segment_length,
+        })
+        return config
