@@ -116,7 +116,9 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
         inputs, targets = block[:, :, :-1], block[:, :, 1:]
         return tf.data.Dataset.from_tensor_slices((tf.maximum(inputs, 0), targets))
 
-    return ds.flat_map(split_replicas).prefetch(tf.data.AUTOTUNE)
+    # A fixed prefetch for evaluation: deleting an iterator whose prefetch autotunes can
+    # stall for seconds at the end of every evaluation pass.
+    return ds.flat_map(split_replicas).prefetch(2 if info["evaluation"] else tf.data.AUTOTUNE)
 
 
 def distributed_dataset_fn(info, num_core_per_host=None, repeat=None, vocab_size=None, skip=0):

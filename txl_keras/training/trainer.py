@@ -470,16 +470,22 @@ class Trainer:
         store = memory.append if cache_kv else memory.write
         store = tf.function(store, jit_compile=True) if jit else store
 
-        def start():
-            # An empty memory (zeros that count with mem_init "zeros") and its keys and values.
+        def reset():
+            # An empty memory (zeros that count with mem_init "zeros") and its keys and values:
+            # every zero row has the same ones, projected once and broadcast.
             zero_init = settings.mem_init == "zeros"
             valid = tf.constant(settings.mem_len if zero_init else 0, tf.int32)
             if cache_kv:
-                zeros = tf.zeros((batch, settings.mem_len, settings.d_model), self.model.compute_dtype)
-                kvs = model.backbone.memory_kv([zeros] * settings.n_layer) if zero_init else None
+                kvs = None
+                if zero_init:
+                    zero = tf.zeros((batch, 1, settings.d_model), self.model.compute_dtype)
+                    rows = model.backbone.memory_kv([zero] * settings.n_layer)
+                    kvs = [tf.broadcast_to(row, (batch, settings.mem_len, row.shape[-1])) for row in rows]
                 memory.reset(kvs, valid)
             else:
                 memory.write([tf.zeros_like(m) for m in memory.read()[0]], valid)
+
+        start = tf.function(reset, jit_compile=True) if jit else reset
 
         def replica_eval(inputs, targets):
             mask = targets >= 0
