@@ -59,6 +59,10 @@ class RelativeAttention(keras.layers.Layer):
         attention_mask: optional boolean `(T, K)`, True where allowed.
         context_kv: optional `(batch_size, K, 2 * H * Dh)`, the keys and values of
             `[memory, inputs]` (`project_kv` of each row); `memory` is then not projected.
+        position_keys: optional `(K', H * Dh)`, `K' >= K`, the projected sinusoid
+            encoding of distances `K' - 1, ..., 0` (`project_positions`), of which the
+            last `K` rows are used instead of projecting `position_encoding` (it does
+            not change between segments while the weights do not).
         training: bool, enables dropout.
 
     Returns:
@@ -129,6 +133,10 @@ class RelativeAttention(keras.layers.Layer):
             inputs = self._norm(inputs)
         return ops.matmul(inputs, ops.split(self.qkv_kernel, [inner], axis=1)[1])
 
+    def project_positions(self, position_encoding):
+        """The position keys `(K, H * Dh)` of a sinusoid encoding `(K, hidden_dim)`."""
+        return ops.matmul(ops.cast(position_encoding, self.compute_dtype), self.r_kernel)
+
     def _heads(self, x):
         shape = ops.shape(x)
         return ops.reshape(x, (shape[0], shape[1], self.num_heads, self.head_dim))
@@ -143,6 +151,7 @@ class RelativeAttention(keras.layers.Layer):
         position_score_bias=None,
         attention_mask=None,
         context_kv=None,
+        position_keys=None,
         training=False,
     ):
         inner = self.num_heads * self.head_dim
@@ -169,10 +178,14 @@ class RelativeAttention(keras.layers.Layer):
         batch, query_length = ops.shape(q)[1], ops.shape(q)[2]
         content_q = q if content_bias is None else q + scale * ops.cast(content_bias, q.dtype)[:, None, None]
         scores = ops.matmul(content_q, ops.transpose(k, (2, 0, 3, 1)))  # (H, B, T, K)
-        if position_encoding is not None:
+        if position_keys is not None:
+            key_length = ops.shape(k)[1]
+            r = ops.cast(position_keys, self.compute_dtype)[ops.shape(position_keys)[0] - key_length:]
+        elif position_encoding is not None:
             r = ops.cast(position_encoding, self.compute_dtype)
             if self.position_projection:
                 r = ops.matmul(r, self.r_kernel)
+        if position_keys is not None or position_encoding is not None:
             r = ops.reshape(r, (-1, self.num_heads, self.head_dim))
             # One spare row in front (distance K, see relative_shift): no pad of the scores.
             r = ops.concatenate([r[:1], r], axis=0)

@@ -26,7 +26,7 @@ class TransformerXLBlock(keras.layers.Layer):
     Call arguments:
         inputs: `(batch_size, T, hidden_dim)`.
         memory, position_encoding, content_bias, position_bias, position_score_bias,
-        attention_mask, context_kv: as in `RelativeAttention`.
+        attention_mask, context_kv, position_keys: as in `RelativeAttention`.
         training: bool.
 
     Returns:
@@ -99,6 +99,7 @@ class TransformerXLBlock(keras.layers.Layer):
         position_score_bias=None,
         attention_mask=None,
         context_kv=None,
+        position_keys=None,
         training=False,
     ):
         x = self.attention(
@@ -110,6 +111,7 @@ class TransformerXLBlock(keras.layers.Layer):
             position_score_bias=position_score_bias,
             attention_mask=attention_mask,
             context_kv=context_kv,
+            position_keys=position_keys,
             training=training,
         )
         return self.feed_forward(x, training=training)

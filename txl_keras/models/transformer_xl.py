@@ -71,6 +71,10 @@ class TransformerXL(keras.Model):
             without it, `cache_kv` projects `mems` once (`memory_kv(mems)`). Given
             without `mems`, the memory is held only as keys and values (a
             `KeyValueMemory` keeps them in place between calls).
+        position_keys: optional list of `n_layer` tensors `(K', n_head * d_head)`,
+            `K' >= M + T`: `project_positions(K', clamp_len)`, each layer's projected
+            position encoding, computed once while the weights do not change (attn_type
+            0) instead of in every call.
 
     Returns:
         dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
@@ -236,6 +240,17 @@ class TransformerXL(keras.Model):
         `(batch_size, M, 2 * n_head * d_head)` (keys first)."""
         return [block.attention.project_kv(mem) for block, mem in zip(self.blocks, mems)]
 
+    def project_positions(self, key_length, clamp_len=None):
+        """Each layer's position keys for `key_length` keys (attn_type 0): `n_layer`
+        tensors `(key_length, n_head * d_head)`, the `position_keys` of a call with at
+        most `key_length` keys and this `clamp_len` (default: the config's)."""
+        if self.config.attn_type != 0:
+            raise ValueError(f"Position keys are projected only with attn_type 0 (the paper's); this is "
+                             f"attn_type={self.config.attn_type}.")
+        clamp_len = self.config.clamp_len if clamp_len is None else clamp_len
+        encoding = self.pos_emb(relative_positions(key_length), clamp_len=clamp_len)
+        return [block.attention.project_positions(encoding) for block in self.blocks]
+
     def _check_memory_kv(self, memory_kv, mems):
         c = self.config
         if not self.can_cache_kv:
@@ -262,7 +277,7 @@ class TransformerXL(keras.Model):
             )
 
     def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None,
-             same_length=None, memory_valid=None, cache_kv=False, memory_kv=None):
+             same_length=None, memory_valid=None, cache_kv=False, memory_kv=None, position_keys=None):
         self._check_inputs(tokens, mems)
         cache_kv = cache_kv or memory_kv is not None
         if cache_kv:
@@ -281,8 +296,11 @@ class TransformerXL(keras.Model):
         if cache_kv and memory_kv is None and mems is not None:
             memory_kv = self.memory_kv(mems)
 
+        if position_keys is not None and (self.config.attn_type != 0 or len(position_keys) != self.config.n_layer):
+            raise ValueError(f"Expected `position_keys` to be the list of n_layer={self.config.n_layer} tensors "
+                             "of project_positions() (attn_type 0 only).")
         hidden, layer_inputs, current_kv = self._forward_layers(
-            tokens, mems, memory_kv, memory_valid, settings, cache_kv, training)
+            tokens, mems, memory_kv, memory_valid, settings, cache_kv, training, position_keys)
         out = {"hidden": self.out_dropout(hidden, training=training)}
         if not kv_only:
             out["mems"] = self.memory(layer_inputs, mems, mem_len=settings.mem_len)
@@ -297,7 +315,8 @@ class TransformerXL(keras.Model):
                 self.memory.write(out["mems"], out["memory_valid"])
         return out
 
-    def _forward_layers(self, tokens, mems, memory_kv, memory_valid, settings, cache_kv, training):
+    def _forward_layers(self, tokens, mems, memory_kv, memory_valid, settings, cache_kv, training,
+                        position_keys=None):
         """Embedding and the blocks: `(hidden, each layer's input, each layer's current
         keys and values)`."""
         c = settings
@@ -325,6 +344,9 @@ class TransformerXL(keras.Model):
             memory = None if mems is None else mems[i]
             hidden, memory = self._add_absolute_positions(i, hidden, memory, memory_length, pos_emb, rows)
             kwargs = self._relative_position_inputs(i, pos_emb, rows)
+            if position_keys is not None:
+                kwargs["position_keys"] = position_keys[i]
+                del kwargs["position_encoding"]
             if cache_kv:
                 current_kv.append(block.attention.project_kv(hidden))
                 kwargs["context_kv"] = current_kv[-1] if memory_kv is None else ops.concatenate(

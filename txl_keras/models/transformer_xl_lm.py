@@ -43,6 +43,7 @@ class TransformerXLLM(keras.Model):
         memory_valid: optional int32 scalar, see `TransformerXL`.
         cache_kv, memory_kv: keep the memory's keys and values between calls instead of
             projecting the memory again (evaluation, generation), see `TransformerXL`.
+        position_keys: the position encoding projected once, see `TransformerXL`.
 
     Example:
     >>> model = TransformerXLLM(TransformerXLConfig.from_preset("tiny"))
@@ -109,6 +110,7 @@ class TransformerXLLM(keras.Model):
         memory_valid=None,
         cache_kv=False,
         memory_kv=None,
+        position_keys=None,
     ):
         out = dict(
             self.backbone(
@@ -121,6 +123,7 @@ class TransformerXLLM(keras.Model):
                 memory_valid=memory_valid,
                 cache_kv=cache_kv,
                 memory_kv=memory_kv,
+                position_keys=position_keys,
             )
         )
         if targets is not None:
