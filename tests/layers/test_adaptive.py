@@ -148,3 +148,24 @@ def test_row_blocks_are_the_rows_of_the_table(width, dtype):
         blocks = [to_np(b) for b in row_blocks(keras.ops.convert_to_tensor(table), low, high)]
         assert sum(len(b) for b in blocks) == high - low
         np.testing.assert_array_equal(np.concatenate(blocks), table[low:high])
+
+
+def test_few_rows_against_a_large_table_give_the_same_logits():
+    # Few hidden rows against a wide, tall table take the streamed product (W @ x^T)^T,
+    # statically (known row count) or by a runtime branch (dynamic count, TensorFlow).
+    rng = np.random.default_rng(3)
+    soft = AdaptiveSoftmax(20000, 128, 128, cutoffs=[100], tie_weight=False, tie_projs=[False, False])
+    soft.build()
+    table = rng.normal(size=(20000, 128)).astype("float32")
+    for n in (3, 700):  # 3 * 32 <= 20000 (streamed), 700 * 32 > 20000 (plain)
+        x = rng.normal(size=(n, 128)).astype("float32")
+        np.testing.assert_allclose(to_np(soft._block_logits(ops.convert_to_tensor(x), ops.convert_to_tensor(table))),
+                                   x @ table.T, rtol=1e-4, atol=1e-4)
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        dynamic = tf.function(lambda x: soft._block_logits(x, tf.constant(table)),
+                              input_signature=[tf.TensorSpec([None, 128], tf.float32)])
+        for n in (3, 700):
+            x = rng.normal(size=(n, 128)).astype("float32")
+            np.testing.assert_allclose(dynamic(x).numpy(), x @ table.T, rtol=1e-4, atol=1e-4)
