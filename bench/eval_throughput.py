@@ -5,13 +5,16 @@ and the paper's evaluation-speed experiment at small scale.
 
 1. Long-memory evaluation (tgt_len 64, mem_len 320, clamp_len 400, same_length), char-small
    model, batch 16: tokens/s of both, side by side, alternating, fresh processes. Ours as
-   the trainers' evaluation runs by default: XLA-compiled, and the memory's keys and values
-   cached between segments instead of re-projected; `--ablations` adds runs without each
-   (TXL_BENCH_XLA=0, TXL_BENCH_KV=0).
+   the trainers' evaluation runs by default: XLA-compiled, the memory held as its keys and
+   values (ring buffers written in place) instead of re-projected, the position keys
+   projected once per pass; `--ablations` adds runs without XLA and without the keys and
+   values (TXL_BENCH_XLA=0, TXL_BENCH_KV=0). Peak memory is also given above the RSS right
+   after importing the framework (TensorFlow's import is ~400 MB larger than torch's).
    `--model=wt103_base` instead: the paper's wt103 evaluation (tgt_len 128, mem_len 1,600,
    clamp_len 1,000, same_length, zero-filled memory as the converted weights have) of the
    `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) on
-   Zipf-distributed ids, with `--batch` streams (8; 1 is a user scoring one document).
+   Zipf-distributed ids, with `--batch` streams (8; 1 is a user scoring one document) and
+   `--segments` per pass (6; ours times whole passes, reset included, the port its calls).
 2. Transformer-XL evaluation (segments of 64 against a memory of L) vs vanilla
    sliding-window evaluation (mem_len 0, a window of L recomputed for each predicted
    token), at attention lengths L = 128, 320, 640: per-token speed-up, next to the
@@ -28,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cluster_shares, configs, current_rss_mb, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
-EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=3, zipf=True)
+EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=6, zipf=True)
 
 
 def txl_model(c):
