@@ -6,7 +6,12 @@ PyTorch port of the original code, side by side, alternating, in fresh processes
 
 Each worker: same config, same random token stream, 2 threads, `--warmup` steps then
 `--steps` timed steps of forward + backward + clip(0.25) + Adam. Without --hf_python only
-txl_keras runs. Variants: --xla, --precision=mixed_bfloat16. Token ids are Zipf-like
+txl_keras runs. `--original_pytorch=DIR` (the `pytorch/` folder of a checkout of
+kimiyoung/transformer-xl) also runs the original PyTorch code's `MemTransformerLM` with the
+--hf_python interpreter; the one change made to it at run time is that its uint8 attention
+masks are made boolean (`Tensor.byte` returns a bool tensor in that worker), which torch 2
+requires of `masked_fill`, and `torch.version.cuda`, which it parses at import (for a check
+it has commented out), is set on CPU builds. Variants: --xla, --precision=mixed_bfloat16. Token ids are Zipf-like
 (p(id) ~ 1 / (id + 1)) for adaptive configs, as in real text (`--ids=uniform` puts nearly
 every token in a tail cluster, which no corpus does). `--profile` also times the adaptive
 embedding and softmax alone (forward + backward on the same batch) and prints their share
@@ -156,11 +161,59 @@ def hf_worker(args, c):
             "framework_rss_mb": framework_mb}
 
 
+def original_worker(args, c):
+    """The original PyTorch code's model and training step (pytorch/train.py): time-major
+    batches, tied weights, the tail projections shared with the input as for wt103."""
+    import torch
+
+    sys.path[:0] = [args.original_pytorch, os.path.join(args.original_pytorch, "utils")]  # as run from there
+    torch.Tensor.byte = torch.Tensor.bool  # torch 2 masks must be boolean; the 2019 code makes uint8 ones
+    torch.version.cuda = torch.version.cuda or "10.0"  # read (unused) at import; None on CPU builds
+    from mem_transformer import MemTransformerLM
+
+    framework_mb = current_rss_mb()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cutoffs = c["cutoffs"]
+    tie_projs = [False] + [bool(c.get("proj_share_all_but_first", True))] * len(cutoffs)
+    model = MemTransformerLM(c["n_token"], c["n_layer"], c["n_head"], c["d_model"], c["d_head"], c["d_inner"],
+                             dropout=0.1, dropatt=0.0, tie_weight=True, d_embed=c["d_model"], div_val=c["div_val"],
+                             tie_projs=tie_projs, tgt_len=c["tgt_len"], ext_len=0, mem_len=c["mem_len"],
+                             cutoffs=cutoffs, same_length=False, attn_type=0, clamp_len=-1)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=2.5e-4)
+    tokens_per_step = c["batch"] * c["tgt_len"]
+    ids = torch.from_numpy(ids_for(args, c, tokens_per_step * (args.warmup + args.steps + 2)).astype("int64"))
+    streams = ids[: c["batch"] * (ids.numel() // c["batch"])].view(c["batch"], -1).t().contiguous()  # (time, batch)
+    mems = tuple()
+
+    def step(i):
+        nonlocal mems
+        t = c["tgt_len"]
+        out = model(streams[i * t:(i + 1) * t], streams[i * t + 1:(i + 1) * t + 1], *mems)
+        loss, mems = out[0].float().mean(), tuple(out[1:])
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        optimizer.step()
+
+    for i in range(args.warmup):
+        step(i)
+    start = time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.steps):
+        step(i)
+    elapsed = time.perf_counter() - start
+    return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
+            "framework_rss_mb": framework_mb}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="char_small", choices=CONFIG_NAMES)
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
-    parser.add_argument("--impl", choices=["txl_keras", "hf"], help="run one worker (internal)")
+    parser.add_argument("--impl", choices=["txl_keras", "hf", "original"], help="run one worker (internal)")
+    parser.add_argument("--original_pytorch", default=None,
+                        help="pytorch/ folder of kimiyoung/transformer-xl (run with --hf_python)")
     parser.add_argument("--hf_python", default=None, help="python with torch 2.13.0 + transformers 4.35.2")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
@@ -178,15 +231,20 @@ def main():
         return emit(txl_worker(args, c))
     if args.impl == "hf":
         return emit(hf_worker(args, c))
+    if args.impl == "original":
+        return emit(original_worker(args, c))
     common = ["--config", args.config, "--warmup", str(args.warmup), "--steps", str(args.steps),
               "--threads", str(args.threads), "--ids", args.ids, "--config_json", json.dumps(c)]
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
         + (["--profile"] if args.profile else [])
-    results = {"txl_keras": [], "hf": []}
+    results = {"txl_keras": [], "hf": [], "original": []}
     for _ in range(args.rounds):
         results["txl_keras"].append(run_worker(sys.executable, __file__, ours_args))
         if args.hf_python:
             results["hf"].append(run_worker(args.hf_python, __file__, common + ["--impl", "hf"]))
+        if args.hf_python and args.original_pytorch:
+            results["original"].append(run_worker(args.hf_python, __file__, common + [
+                "--impl", "original", "--original_pytorch", os.path.abspath(args.original_pytorch)]))
     shares = cluster_shares(ids_for(args, c, 200_000), c["cutoffs"], c["n_token"])
     flops = model_flops_per_token(c, shares=shares)
     ceiling = max(r["ceiling_gflops"] for r in results["txl_keras"])
@@ -205,8 +263,9 @@ def main():
         print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates)} (best {best[impl]:,.0f}), "
               f"MFU {best[impl] * flops / 1e9 / ceiling:.1%}, peak RSS {peak:,.0f} MB "
               f"(framework after import {framework:,.0f} MB, above it {peak - framework:,.0f} MB)")
-    if "hf" in best:
-        print(f"ratio txl_keras / hf: {best['txl_keras'] / best['hf']:.2f}x")
+    for impl in ("hf", "original"):
+        if impl in best:
+            print(f"ratio txl_keras / {impl}: {best['txl_keras'] / best[impl]:.2f}x")
     profiles = [r for r in results["txl_keras"] if "adaptive_s" in r]
     if profiles:
         run = min(profiles, key=lambda r: r["step_s"])
