@@ -119,6 +119,18 @@ def txl_worker(args, c):
     return result
 
 
+def timed_torch_steps(step, args, tokens_per_step, framework_mb):
+    """Run `step(i)` `--warmup` times, then time `--steps` more: a torch worker's RESULT."""
+    for i in range(args.warmup):
+        step(i)
+    start = time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.steps):
+        step(i)
+    elapsed = time.perf_counter() - start
+    return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
+            "framework_rss_mb": framework_mb}
+
+
 def hf_worker(args, c):
     import torch
     from transformers import TransfoXLConfig, TransfoXLLMHeadModel
@@ -151,14 +163,7 @@ def hf_worker(args, c):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
 
-    for i in range(args.warmup):
-        step(i)
-    start = time.perf_counter()
-    for i in range(args.warmup, args.warmup + args.steps):
-        step(i)
-    elapsed = time.perf_counter() - start
-    return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
-            "framework_rss_mb": framework_mb}
+    return timed_torch_steps(step, args, tokens_per_step, framework_mb)
 
 
 def original_worker(args, c):
@@ -197,14 +202,7 @@ def original_worker(args, c):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
 
-    for i in range(args.warmup):
-        step(i)
-    start = time.perf_counter()
-    for i in range(args.warmup, args.warmup + args.steps):
-        step(i)
-    elapsed = time.perf_counter() - start
-    return {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
-            "framework_rss_mb": framework_mb}
+    return timed_torch_steps(step, args, tokens_per_step, framework_mb)
 
 
 def main():

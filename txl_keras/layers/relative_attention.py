@@ -182,9 +182,8 @@ class RelativeAttention(keras.layers.Layer):
             key_length = ops.shape(k)[1]
             r = ops.cast(position_keys, self.compute_dtype)[ops.shape(position_keys)[0] - key_length:]
         elif position_encoding is not None:
-            r = ops.cast(position_encoding, self.compute_dtype)
-            if self.position_projection:
-                r = ops.matmul(r, self.r_kernel)
+            r = self.project_positions(position_encoding) if self.position_projection \
+                else ops.cast(position_encoding, self.compute_dtype)
         if position_keys is not None or position_encoding is not None:
             r = ops.reshape(r, (-1, self.num_heads, self.head_dim))
             # One spare row in front (distance K, see relative_shift): no pad of the scores.

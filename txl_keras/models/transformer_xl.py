@@ -321,8 +321,8 @@ class TransformerXL(keras.Model):
         keys and values)`."""
         c = settings
         query_length = ops.shape(tokens)[1]
-        memory = mems if mems is not None else memory_kv
-        memory_length = 0 if memory is None else ops.shape(memory[0])[1]
+        stored = mems if mems is not None else memory_kv
+        memory_length = 0 if stored is None else ops.shape(stored[0])[1]
         max_distance = None
         if c.same_length:
             max_distance = c.mem_len if c.same_length_convention == "tf" else c.mem_len - 1

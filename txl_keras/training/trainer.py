@@ -491,7 +491,7 @@ class Trainer:
                     kvs = [tf.broadcast_to(row, (batch, settings.mem_len, row.shape[-1])) for row in rows]
                 memory.reset(kvs, valid)
             else:
-                memory.write([tf.zeros_like(m) for m in memory.read()[0]], valid)
+                memory.reset()
             if keep_positions:
                 keys = model.backbone.project_positions(settings.mem_len + tgt_len, settings.clamp_len)
                 for variable, value in zip(positions, keys):
