@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from txl_keras.layers.weight_initializers import weight_initializer
+
 
 def cluster_bounds(vocabulary_size, cutoffs):
     """`[0, *cutoffs, vocabulary_size]`: cluster `i` holds ids in `[b[i], b[i + 1])`."""
@@ -115,11 +117,13 @@ class AdaptiveEmbedding(keras.layers.Layer):
         self.built = True
 
     def _table(self, name, rows, width):
-        return self.add_weight(name=name, shape=(rows, width), initializer=self.embeddings_initializer)
+        return self.add_weight(
+            name=name, shape=(rows, width), initializer=weight_initializer(self.embeddings_initializer)
+        )
 
     def _proj(self, name, width):
         return self.add_weight(
-            name=name, shape=(width, self.hidden_dim), initializer=self.projection_initializer
+            name=name, shape=(width, self.hidden_dim), initializer=weight_initializer(self.projection_initializer)
         )
 
     def call(self, tokens):

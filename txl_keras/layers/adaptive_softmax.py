@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from txl_keras.layers.adaptive_embedding import check_cutoffs, cluster_bounds
+from txl_keras.layers.weight_initializers import weight_initializer
 
 CLUSTER_ORDERS = ("tf", "pytorch")
 TAIL_MODES = ("auto", "gather", "dense")
@@ -172,7 +173,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
             if not self.tie_weight and (self.div_val > 1 or i == 0):
                 shape = (self.vocabulary_size if self.div_val == 1 else rows, width)
                 table = self.add_weight(
-                    name=f"cutoff_{i}_weight", shape=shape, initializer=self.kernel_initializer
+                    name=f"cutoff_{i}_weight", shape=shape, initializer=weight_initializer(self.kernel_initializer)
                 )
             self.own_tables.append(table)
             proj = None
@@ -182,7 +183,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
                     proj = self.add_weight(
                         name=f"cutoff_{i}_proj",
                         shape=(width, self.hidden_dim),
-                        initializer=self.projection_initializer,
+                        initializer=weight_initializer(self.projection_initializer),
                     )
             self.own_projections.append(proj)
             self.biases.append(self.add_weight(name=f"cutoff_{i}_b", shape=(rows,), initializer="zeros"))

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from txl_keras.layers.replica_dropout import ReplicaDropout
+from txl_keras.layers.weight_initializers import copy_initializer
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -52,7 +53,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.layer_1 = keras.layers.Dense(
             inner_dim,
             activation="relu",
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=copy_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
             name="layer_1",
         )
@@ -67,7 +68,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         hidden_dim = inputs_shape[-1]
         self.layer_2 = keras.layers.Dense(
             hidden_dim,
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=copy_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
             name="layer_2",
         )

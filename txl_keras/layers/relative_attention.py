@@ -5,6 +5,7 @@ from keras import ops
 
 from txl_keras.layers.relative_shift import relative_shift
 from txl_keras.layers.replica_dropout import ReplicaDropout
+from txl_keras.layers.weight_initializers import weight_initializer
 
 # Added to blocked scores in float32; softmax always runs in float32, so this neither
 # overflows in float16/bfloat16 nor lets a blocked key through.
@@ -109,14 +110,14 @@ class RelativeAttention(keras.layers.Layer):
         hidden_dim = inputs_shape[-1]
         inner = self.num_heads * self.head_dim
         self.qkv_kernel = self.add_weight(
-            name="qkv_kernel", shape=(hidden_dim, 3 * inner), initializer=self.kernel_initializer
+            name="qkv_kernel", shape=(hidden_dim, 3 * inner), initializer=weight_initializer(self.kernel_initializer)
         )
         if self.position_projection:
             self.r_kernel = self.add_weight(
-                name="r_kernel", shape=(hidden_dim, inner), initializer=self.kernel_initializer
+                name="r_kernel", shape=(hidden_dim, inner), initializer=weight_initializer(self.kernel_initializer)
             )
         self.o_kernel = self.add_weight(
-            name="o_kernel", shape=(inner, hidden_dim), initializer=self.kernel_initializer
+            name="o_kernel", shape=(inner, hidden_dim), initializer=weight_initializer(self.kernel_initializer)
         )
         self.layer_norm.build(inputs_shape)
         self.built = True

@@ -10,6 +10,7 @@ from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.transformer_xl_block import TransformerXLBlock
+from txl_keras.layers.weight_initializers import weight_initializer
 from txl_keras.models.config import TransformerXLConfig
 
 
@@ -161,21 +162,22 @@ class TransformerXL(keras.Model):
         heads = (c.n_head, c.d_head)
         if c.attn_type == 0:
             bias_shape = (c.n_layer,) + heads if c.untie_r else heads
-            self.r_w_bias = self.add_weight(name="r_w_bias", shape=bias_shape, initializer=self._init)
-            self.r_r_bias = self.add_weight(name="r_r_bias", shape=bias_shape, initializer=self._init)
+            init = weight_initializer
+            self.r_w_bias = self.add_weight(name="r_w_bias", shape=bias_shape, initializer=init(self._init))
+            self.r_r_bias = self.add_weight(name="r_r_bias", shape=bias_shape, initializer=init(self._init))
         elif c.attn_type == 1:
             self.r_w_bias = self.add_weight(
-                name="r_w_bias", shape=(c.n_layer,) + heads, initializer=self._init
+                name="r_w_bias", shape=(c.n_layer,) + heads, initializer=weight_initializer(self._init)
             )
             self.r_emb = self.add_weight(
-                name="r_emb", shape=(c.n_layer, c.max_klen) + heads, initializer=self._init
+                name="r_emb", shape=(c.n_layer, c.max_klen) + heads, initializer=weight_initializer(self._init)
             )
             self.r_bias = self.add_weight(
                 name="r_bias", shape=(c.n_layer, c.max_klen, c.n_head), initializer="zeros"
             )
         elif c.attn_type == 3:
             self.r_emb = self.add_weight(
-                name="r_emb", shape=(c.n_layer, c.max_klen, c.d_model), initializer=self._init
+                name="r_emb", shape=(c.n_layer, c.max_klen, c.d_model), initializer=weight_initializer(self._init)
             )
         self.built = True
 

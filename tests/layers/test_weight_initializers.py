@@ -1,0 +1,73 @@
+"""Every weight starts from its own draw of the configured distribution (the original code
+initialises each variable independently), large tables included (drawn in row blocks)."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+
+from txl_keras import TransformerXLLM
+from txl_keras.layers import weight_initializers
+from txl_keras.layers.weight_initializers import copy_initializer, weight_initializer
+
+CONFIG = dict(n_token=300, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=16, tgt_len=4, mem_len=4,
+              cutoffs=[100, 200], div_val=2, tie_weight=False, init="normal", init_std=0.05, proj_init_std=0.03)
+
+
+def random_weights(model):
+    return {w.path: np.asarray(w).ravel() for w in model.weights
+            if "seed_generator" not in w.path and np.asarray(w).std() > 0}
+
+
+@pytest.mark.parametrize("init", ["normal", "uniform"])
+def test_every_weight_is_its_own_draw_of_the_configured_distribution(init):
+    model = TransformerXLLM({**CONFIG, "init": init, "untie_r": False})
+    weights = random_weights(model)
+    # 3 layers x (qkv, r, o, 2 feed-forward kernels) + r_w/r_r biases + tables and projections
+    assert len(weights) >= 3 * 5 + 2 + 6
+    for (a, x), (b, y) in itertools.combinations(weights.items(), 2):
+        n = min(len(x), len(y))
+        assert not np.allclose(x[:n], y[:n]), f"{a} and {b} start equal"
+    values = np.concatenate([w for name, w in weights.items() if "proj" not in name])
+    if init == "normal":
+        assert abs(values.std() / 0.05 - 1) < 0.03 and abs(values.mean()) < 0.003
+    else:  # uniform in [-init_range, init_range]
+        assert np.abs(values).max() <= CONFIG.get("init_range", 0.1)
+        assert abs(values.std() / (0.1 / np.sqrt(3)) - 1) < 0.03
+
+
+def test_same_seed_same_weights():
+    first = random_weights(TransformerXLLM(CONFIG))
+    keras.utils.set_random_seed(1234)  # as the autouse fixture did before the first model
+    second = random_weights(TransformerXLLM(CONFIG))
+    assert len(first) == len(second)
+    for x, y in zip(first.values(), second.values()):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("base", [keras.initializers.RandomNormal(1.0, 2.0), keras.initializers.RandomUniform(-3, 3),
+                                  keras.initializers.TruncatedNormal(0.0, 1.0)])
+def test_large_tables_are_drawn_in_independent_row_blocks(monkeypatch, base):
+    monkeypatch.setattr(weight_initializers, "BLOCK_VALUES", 600)  # 10 rows of 64 per block
+    table = np.asarray(weight_initializer(base)((205, 64), dtype="float32"))
+    assert table.shape == (205, 64)
+    blocks = [table[i:i + 10].ravel() for i in range(0, 200, 10)]
+    for x, y in itertools.combinations(blocks, 2):
+        assert abs(np.corrcoef(x, y)[0, 1]) < 0.3
+    expected = {keras.initializers.RandomNormal: (1.0, 2.0), keras.initializers.RandomUniform: (0.0, 6 / np.sqrt(12)),
+                keras.initializers.TruncatedNormal: (0.0, 0.88)}[type(base)]
+    assert abs(table.mean() - expected[0]) < 0.1 * expected[1] + 0.02
+    assert abs(table.std() / expected[1] - 1) < 0.05
+    if isinstance(base, keras.initializers.TruncatedNormal):
+        assert np.abs(table).max() <= 2.0
+
+
+def test_seeds_given_by_the_user_are_kept():
+    seeded = keras.initializers.RandomNormal(0.0, 1.0, seed=7)
+    np.testing.assert_array_equal(np.asarray(weight_initializer(seeded)((300, 4))),
+                                  np.asarray(weight_initializer(seeded)((300, 4))))
+    generator = keras.initializers.RandomNormal(seed=keras.random.SeedGenerator(3))
+    assert copy_initializer(generator) is generator  # it advances by itself
+    unseeded = keras.initializers.RandomNormal()
+    assert not np.allclose(np.asarray(copy_initializer(unseeded)((3, 3))), np.asarray(copy_initializer(unseeded)((3, 3))))

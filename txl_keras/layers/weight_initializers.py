@@ -1,0 +1,64 @@
+"""Initializers for one weight each: independent draws, large tables in row blocks.
+
+Keras's random initializers repeat their values at every call (an unseeded one fixes a
+seed when it is made), so one instance shared by several weights starts them equal: a
+model whose layers all received its config's initializer would begin with every layer
+identical, and two weights of one shape in a layer (the r_w/r_r biases) equal. Each
+weight here gets its own copy, as Keras's MultiHeadAttention does for its sublayers.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Values drawn at a time for a large weight: 64 MB in float32, above glibc's largest mmap
+# threshold (32 MB), so that each block's buffers go back to the system when freed (smaller
+# ones come from the heap, which keeps them).
+BLOCK_VALUES = 1 << 24
+SHAPE_FREE = (keras.initializers.RandomNormal, keras.initializers.RandomUniform, keras.initializers.TruncatedNormal)
+
+
+def copy_initializer(initializer, seed_offset=0):
+    """A copy of `initializer` (anything `keras.initializers.get` takes) that draws its
+    own values: unseeded ones get a new seed (from Python's `random`, which
+    `keras.utils.set_random_seed` fixes); an integer seed is kept, plus `seed_offset`, as
+    the user asked for those values. One seeded by a `SeedGenerator` is returned as is:
+    it already advances at every call."""
+    initializer = keras.initializers.get(initializer)
+    if not isinstance(initializer, keras.initializers.Initializer):
+        return initializer  # a plain callable
+    config = initializer.get_config()
+    seed = config.get("seed")
+    if seed is not None and not isinstance(seed, int):
+        return initializer
+    if isinstance(seed, int):
+        config["seed"] = (seed + seed_offset) % 2**31
+    return initializer.__class__.from_config(config)
+
+
+def weight_initializer(initializer):
+    """The initializer to give `add_weight` for one weight: `copy_initializer`, and for
+    random normal or uniform values whose distribution does not depend on the shape,
+    drawn `BLOCK_VALUES` at a time along the first axis, each block with its own seed,
+    then concatenated. TensorFlow's random ops scale and shift into new full-size
+    buffers, so drawing a (267,735, 410) table at once briefly takes three times its
+    size; in blocks, twice (the blocks and their concatenation): 1.26 GB -> 0.84 GB above
+    the import for wt103's table."""
+    initializer = copy_initializer(initializer)
+    if not isinstance(initializer, SHAPE_FREE):
+        return initializer
+
+    def initialize(shape, dtype=None):
+        shape = tuple(shape)
+        rows, per_row = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
+        block = max(1, BLOCK_VALUES // max(per_row, 1))
+        if rows <= block:
+            return initializer(shape, dtype=dtype)
+        parts = [
+            copy_initializer(initializer, seed_offset=k)((min(block, rows - start),) + shape[1:], dtype=dtype)
+            for k, start in enumerate(range(0, rows, block))
+        ]
+        return ops.concatenate(parts, axis=0)
+
+    return initialize
