@@ -1,14 +1,18 @@
 import numpy as np
 import pytest
-from conftest import small_adaptive_model, to_np
+from conftest import randomize, small_adaptive_model, to_np
 
 from txl_keras.generate import generate
 
 model_of = small_adaptive_model
 
 
-def test_greedy_generation_equals_argmax_of_full_recomputation():
-    model = model_of(mem_len=32, same_length=False, clamp_len=-1)
+@pytest.mark.parametrize("settings", [dict(same_length=False, clamp_len=-1), dict(same_length=True, clamp_len=3)])
+def test_greedy_generation_equals_argmax_of_full_recomputation(settings):
+    """A memory longer than the whole text: each new token sees every earlier one, as the
+    model run on the whole sequence does (clamped distances included)."""
+    model = model_of(mem_len=32, **settings)
+    randomize(model, scale=1.0)  # peaked attention: a wrong position key changes the argmax
     prompt = np.array([[3, 17, 5, 9, 30, 2, 11], [1, 1, 2, 3, 5, 8, 13]], "int32")
     out = generate(model, prompt, max_new_tokens=8, temperature=0)
     assert out.shape == (2, 15)
@@ -18,6 +22,27 @@ def test_greedy_generation_equals_argmax_of_full_recomputation():
         sequence = np.concatenate([sequence, log_probs.argmax(-1)[:, None].astype("int32")], 1)
     np.testing.assert_array_equal(out, sequence)
 
+
+
+@pytest.mark.parametrize("attn_type", [0, 1])
+def test_greedy_generation_with_a_short_memory_equals_stepping_the_model(attn_type):
+    """mem_len 5 < the text, clamp_len 3, same_length: the reference runs the model itself
+    on the prompt's segments and then token by token, carrying its hidden-state memory
+    (keys and position keys recomputed at every call); generation keeps only the keys and
+    values and projects the position keys once."""
+    model = model_of(mem_len=5, same_length=True, clamp_len=3, attn_type=attn_type)
+    randomize(model, scale=1.0)  # peaked attention: a wrong position key changes the argmax
+    prompt = np.array([[3, 17, 5, 9, 30, 2, 11, 4, 4, 20], [1, 1, 2, 3, 5, 8, 13, 21, 34, 0]], "int32")
+    out = generate(model, prompt, max_new_tokens=7, temperature=0)
+    mems, tgt_len = None, model.config.tgt_len
+    for start in range(0, prompt.shape[1] - 1, tgt_len):
+        mems = model(prompt[:, start:min(start + tgt_len, prompt.shape[1] - 1)], mems=mems)["mems"]
+    sequence, last = prompt, prompt[:, -1:]
+    for _ in range(7):
+        result = model(last, mems=mems, return_log_probs=True)
+        mems, last = result["mems"], to_np(result["log_probs"])[:, -1].argmax(-1)[:, None].astype("int32")
+        sequence = np.concatenate([sequence, last], 1)
+    np.testing.assert_array_equal(out, sequence)
 
 def test_sampling_is_seeded_and_filtered():
     model = model_of()
@@ -88,3 +113,23 @@ def test_stop_token_with_a_batch_ends_each_row_on_its_own():
         end = new.index(stop) + 1 if stop in new else len(new)
         np.testing.assert_array_equal(out[row, : 3 + end], greedy[row, : 3 + end])  # unchanged until it stops
         assert (out[row, 3 + end:] == stop).all()  # then only the stop token
+
+
+def test_compiled_steps_are_reused_per_settings_and_do_not_keep_the_model_alive():
+    import gc
+    import weakref
+
+    from txl_keras.generate import _COMPILED
+
+    model = model_of(mem_len=8)
+    prompt = np.array([[3, 17, 5, 9, 30]], "int32")
+    first = generate(model, prompt, 5, temperature=0)
+    np.testing.assert_array_equal(generate(model, prompt, 5, temperature=0), first)
+    assert len(_COMPILED[model]) == 1
+    generate(model, prompt, 5, top_k=3, seed=1)
+    generate(model, prompt, 5, temperature=0, mem_len=3)
+    assert len(_COMPILED[model]) == 3
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
