@@ -1,0 +1,111 @@
+"""Greedy generation with long memory, txl_keras vs the Hugging Face PyTorch port.
+
+    python bench/generate_throughput.py --hf_python=/path/to/python-with-torch-and-transformers
+
+The `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) at
+the paper's evaluation memory (mem_len 1,600, clamp_len 1,000, same_length), batch 1: a
+prompt of one segment (128 Zipf-distributed ids), then new tokens one at a time. Ours is
+`txl_keras.generate` (the memory as keys and values, position keys projected once per
+call, compiled steps reused between calls); the port runs its model token by token with
+its `mems`, as its `generate` does. Per-token time is the difference between producing
+`--long` and `--short` new tokens divided by their difference (prompt and compilation
+cancel out), the best of two calls each; ours also prints the fixed cost of a call.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit, random_ids, run_worker  # noqa: E402
+
+SETTINGS = dict(mem_len=1600, clamp_len=1000, same_length=True, prompt=128)
+
+
+def per_token(run, short, long):
+    """`(seconds per new token, fixed seconds per call)` from `run(new_tokens)`, best of two."""
+    times = {}
+    for n in (short, long, short, long):
+        start = time.perf_counter()
+        run(n)
+        times[n] = min(times.get(n, float("inf")), time.perf_counter() - start)
+    step = (times[long] - times[short]) / (long - short)
+    return step, times[short] - short * step
+
+
+def txl_worker(c, e):
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    from common import model_config
+    from txl_keras import TransformerXLLM
+    from txl_keras.generate import generate
+
+    model = TransformerXLLM(model_config(c, dropout=0.0))
+    prompt = random_ids(e["prompt"] + 1, c["n_token"], zipf=True).reshape(1, -1)
+    step, fixed = per_token(lambda n: generate(model, prompt, n, temperature=0, mem_len=e["mem_len"],
+                                               clamp_len=e["clamp_len"], same_length=e["same_length"]),
+                            e["short"], e["long"])
+    return {"s_per_token": step, "fixed_s": fixed}
+
+
+def hf_worker(c, e):
+    import torch
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+    torch.set_num_threads(2)
+    config = TransfoXLConfig(vocab_size=c["n_token"], cutoffs=c["cutoffs"], d_model=c["d_model"],
+                             d_embed=c["d_model"], n_head=c["n_head"], d_head=c["d_head"], d_inner=c["d_inner"],
+                             n_layer=c["n_layer"], mem_len=e["mem_len"], clamp_len=e["clamp_len"],
+                             same_length=e["same_length"], dropout=0.0, dropatt=0.0, adaptive=True,
+                             div_val=c["div_val"], untie_r=c.get("untie_r", False))
+    model = TransfoXLLMHeadModel(config).eval()
+    prompt = torch.from_numpy(random_ids(e["prompt"] + 1, c["n_token"], zipf=True).astype("int64")).view(1, -1)
+
+    def run(n):
+        with torch.no_grad():
+            mems = model(input_ids=prompt[:, :-1]).mems
+            last = prompt[:, -1:]
+            for _ in range(n):
+                out = model(input_ids=last, mems=mems)
+                mems, last = out.mems, out.logits[:, -1].argmax(-1, keepdim=True)
+
+    step, fixed = per_token(run, e["short"], e["long"])
+    return {"s_per_token": step, "fixed_s": fixed}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impl", choices=["txl_keras", "hf"], help="run one worker (internal)")
+    parser.add_argument("--hf_python", default=None)
+    parser.add_argument("--short", type=int, default=8)
+    parser.add_argument("--long", type=int, default=40)
+    parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
+    args = parser.parse_args()
+    e = {**SETTINGS, "short": args.short, "long": args.long}
+    if args.config_json:
+        c = json.loads(args.config_json)
+    else:
+        from txl_keras.models.config import PRESETS
+
+        c = {**PRESETS["wt103_base"], "dropout": 0.0, "mem_init": "zeros"}
+    if args.impl:
+        return emit((txl_worker if args.impl == "txl_keras" else hf_worker)(c, e))
+    print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
+    print(f"greedy generation, wt103_base, batch 1, {e}")
+    forwarded = ["--config_json", json.dumps(c), f"--short={args.short}", f"--long={args.long}"]
+    results = {"txl_keras": run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + forwarded)}
+    if args.hf_python:
+        results["hf"] = run_worker(args.hf_python, __file__, ["--impl", "hf"] + forwarded)
+    for impl, r in results.items():
+        print(f"{impl:>10}: {r['s_per_token'] * 1e3:.1f} ms per new token, {r['fixed_s']:.2f} s fixed per call")
+    if "hf" in results:
+        print(f"ratio txl_keras / hf (tokens/s): {results['hf']['s_per_token'] / results['txl_keras']['s_per_token']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
