@@ -39,6 +39,7 @@ def reference_clusters(emb, soft):
 CASES = [
     dict(cutoffs=[], div_val=1, tie_projs=[True]),
     dict(cutoffs=[5, 12], div_val=1, tie_projs=[False, True, True]),
+    dict(cutoffs=[5, 12], div_val=1, tie_projs=[True, True, True], order="pytorch"),  # one table and projection
     dict(cutoffs=[5, 12], div_val=2, tie_projs=[False, True, True]),
     dict(cutoffs=[5, 12], div_val=2, tie_projs=[False, False, False], order="pytorch"),
     dict(cutoffs=[4, 8, 16], div_val=2, tie_projs=[False] * 4, proj_same_dim=False),

@@ -214,10 +214,12 @@ class AdaptiveSoftmax(keras.layers.Layer):
             return row_blocks(table, self.bounds[i], self.bounds[i + 1]), bias, proj
         return [table], bias, proj
 
-    def _logits_of(self, hidden, blocks, bias, proj):
+    def _project(self, hidden, proj):
         x = ops.cast(hidden, self.compute_dtype)
-        if proj is not None:
-            x = ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
+        return x if proj is None else ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
+
+    def _logits_of(self, hidden, blocks, bias, proj):
+        x = self._project(hidden, proj)
         parts = [self._block_logits(x, ops.cast(block, self.compute_dtype)) for block in blocks]
         logits = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
         return ops.cast(logits, "float32") + ops.cast(bias, "float32")
@@ -286,15 +288,33 @@ class AdaptiveSoftmax(keras.layers.Layer):
         tail = self._nll_of(ops.take(hidden, index, axis=0), local, *weights)
         return ops.scatter(index[:, None], tail, ops.shape(targets))
 
+    def _one_table(self):
+        """Whether every cluster is a row range of one table seen through one projection."""
+        return self.div_val == 1 and bool(self.cutoffs) and \
+            len({id(self.cluster_weights(i)[2]) for i in range(self.n_clusters)}) == 1
+
     def log_probs(self, hidden):
         """Full log-probabilities, float32 `(..., vocabulary_size)`, summing to one."""
         lead = ops.shape(hidden)[:-1]
         flat = ops.reshape(hidden, (-1, self.hidden_dim))
-        head = self._log_softmax_of(flat, *self._head_weights())
+        if self._one_table():
+            # All logits by one product with the whole table, then split: no slices of the
+            # table (XLA copies them; 439 MB per call for wt103's).
+            table, _, proj = self.cluster_weights(0)
+            x = self._project(flat, proj)
+            logits = ops.cast(self._block_logits(x, ops.cast(table, self.compute_dtype)), "float32")
+            clusters = [logits[:, low:high] + ops.cast(self.biases[i], "float32")
+                        for i, (low, high) in enumerate(zip(self.bounds, self.bounds[1:]))]
+            cluster_logits = ops.cast(ops.matmul(x, ops.transpose(ops.cast(self.cluster_W, self.compute_dtype))),
+                                      "float32") + ops.cast(self.cluster_b, "float32")
+            head = ops.log_softmax(ops.concatenate([clusters[0], cluster_logits], axis=-1), axis=-1)
+            tails = [ops.log_softmax(tail, axis=-1) for tail in clusters[1:]]
+        else:
+            head = self._log_softmax_of(flat, *self._head_weights())
+            tails = [self._log_softmax_of(flat, *self._cluster_blocks(i)) for i in range(1, self.n_clusters)]
         parts = [head[:, : self.bounds[1]]]
-        for i in range(1, self.n_clusters):
+        for i, tail in enumerate(tails, start=1):
             column = self.head_column(i)
-            tail = self._log_softmax_of(flat, *self._cluster_blocks(i))
             parts.append(head[:, column : column + 1] + tail)
         full = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
         return ops.reshape(full, tuple(lead) + (self.vocabulary_size,))
