@@ -71,3 +71,14 @@ def test_seeds_given_by_the_user_are_kept():
     assert copy_initializer(generator) is generator  # it advances by itself
     unseeded = keras.initializers.RandomNormal()
     assert not np.allclose(np.asarray(copy_initializer(unseeded)((3, 3))), np.asarray(copy_initializer(unseeded)((3, 3))))
+
+    class Scaled(keras.initializers.Initializer):  # no get_config: cannot be rebuilt
+        def __init__(self, scale):
+            self.scale = scale
+
+        def __call__(self, shape, dtype=None):
+            return keras.ops.full(shape, self.scale, dtype=dtype)
+
+    custom = Scaled(2.0)
+    assert copy_initializer(custom) is custom
+    np.testing.assert_array_equal(np.asarray(weight_initializer(custom)((3, 2))), 2.0)

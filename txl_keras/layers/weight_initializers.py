@@ -23,8 +23,9 @@ def copy_initializer(initializer, seed_offset=0):
     """A copy of `initializer` (anything `keras.initializers.get` takes) that draws its
     own values: unseeded ones get a new seed (from Python's `random`, which
     `keras.utils.set_random_seed` fixes); an integer seed is kept, plus `seed_offset`, as
-    the user asked for those values. One seeded by a `SeedGenerator` is returned as is:
-    it already advances at every call."""
+    the user asked for those values. One seeded by a `SeedGenerator` is returned as is
+    (it already advances at every call), and so is one that its `get_config` does not
+    rebuild (a user's class without one)."""
     initializer = keras.initializers.get(initializer)
     if not isinstance(initializer, keras.initializers.Initializer):
         return initializer  # a plain callable
@@ -34,7 +35,10 @@ def copy_initializer(initializer, seed_offset=0):
         return initializer
     if isinstance(seed, int):
         config["seed"] = (seed + seed_offset) % 2**31
-    return initializer.__class__.from_config(config)
+    try:
+        return initializer.__class__.from_config(config)
+    except (TypeError, ValueError):  # a user's initializer that its config does not rebuild
+        return initializer
 
 
 def weight_initializer(initializer):

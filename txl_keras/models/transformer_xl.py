@@ -330,13 +330,15 @@ class TransformerXL(keras.Model):
             max_distance = c.mem_len if c.same_length_convention == "tf" else c.mem_len - 1
         mask = causal_attention_mask(query_length, memory_length, memory_valid, max_distance)
         positions = relative_positions(memory_length + query_length)
-        pos_emb = self.pos_emb(positions, clamp_len=c.clamp_len) if c.attn_type in (0, 2) else None
+        # The sinusoid, unless the position keys come projected already.
+        needs_encoding = c.attn_type == 2 or (c.attn_type == 0 and position_keys is None)
+        pos_emb = self.pos_emb(positions, clamp_len=c.clamp_len) if needs_encoding else None
 
         hidden = self.word_emb(tokens)
         if c.attn_type == 2:
             hidden = hidden + pos_emb[memory_length:]
         hidden = self.emb_dropout(hidden, training=training)
-        if c.attn_type == 0:
+        if c.attn_type == 0 and pos_emb is not None:
             pos_emb = self.pos_dropout(pos_emb, training=training)
         rows = self._position_rows(positions, memory_length + query_length, c.clamp_len)
 
