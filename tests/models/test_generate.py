@@ -1,27 +1,28 @@
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from conftest import randomize, small_adaptive_model, to_np
 
-from txl_keras.generate import generate
+from txl_keras.generate import _COMPILED, generate
 
 model_of = small_adaptive_model
 
 
 @pytest.mark.parametrize("settings", [dict(same_length=False, clamp_len=-1), dict(same_length=True, clamp_len=3)])
 def test_greedy_generation_equals_argmax_of_full_recomputation(settings):
-    """A memory longer than the whole text: each new token sees every earlier one, as the
-    model run on the whole sequence does (clamped distances included)."""
+    """A memory longer than the whole text: each new token sees every earlier one, so the
+    model run once on the whole output (causal) must put its argmax on every generated
+    token (clamped distances included)."""
     model = model_of(mem_len=32, **settings)
     randomize(model, scale=1.0)  # peaked attention: a wrong position key changes the argmax
     prompt = np.array([[3, 17, 5, 9, 30, 2, 11], [1, 1, 2, 3, 5, 8, 13]], "int32")
     out = generate(model, prompt, max_new_tokens=8, temperature=0)
     assert out.shape == (2, 15)
-    sequence = prompt.copy()
-    for _ in range(8):
-        log_probs = to_np(model(sequence, return_log_probs=True)["log_probs"])[:, -1]
-        sequence = np.concatenate([sequence, log_probs.argmax(-1)[:, None].astype("int32")], 1)
-    np.testing.assert_array_equal(out, sequence)
-
+    np.testing.assert_array_equal(out[:, :7], prompt)
+    log_probs = to_np(model(out[:, :-1], return_log_probs=True)["log_probs"])
+    np.testing.assert_array_equal(log_probs[:, 6:].argmax(-1), out[:, 7:])
 
 
 @pytest.mark.parametrize("attn_type", [0, 1])
@@ -52,10 +53,16 @@ def test_sampling_is_seeded_and_filtered():
     c = generate(model, prompt, 10, temperature=1.0, seed=8)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
+    assert len(_COMPILED[model]) == 1  # the three calls share their compiled steps (seed is an input)
     np.testing.assert_array_equal(generate(model, prompt, 6, top_k=1, seed=3),
                                   generate(model, prompt, 6, temperature=0))
     np.testing.assert_array_equal(generate(model, prompt, 6, top_p=1e-6, seed=3),
                                   generate(model, prompt, 6, temperature=0))
+    assert len(_COMPILED[model]) == 4  # one per sampler and length (greedy twice)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None  # the compiled steps do not keep the model alive
 
 
 def test_stop_token_ends_rows():
@@ -114,22 +121,3 @@ def test_stop_token_with_a_batch_ends_each_row_on_its_own():
         np.testing.assert_array_equal(out[row, : 3 + end], greedy[row, : 3 + end])  # unchanged until it stops
         assert (out[row, 3 + end:] == stop).all()  # then only the stop token
 
-
-def test_compiled_steps_are_reused_per_settings_and_do_not_keep_the_model_alive():
-    import gc
-    import weakref
-
-    from txl_keras.generate import _COMPILED
-
-    model = model_of(mem_len=8)
-    prompt = np.array([[3, 17, 5, 9, 30]], "int32")
-    first = generate(model, prompt, 5, temperature=0)
-    np.testing.assert_array_equal(generate(model, prompt, 5, temperature=0), first)
-    assert len(_COMPILED[model]) == 1
-    generate(model, prompt, 5, top_k=3, seed=1)
-    generate(model, prompt, 5, temperature=0, mem_len=3)
-    assert len(_COMPILED[model]) == 3
-    alive = weakref.ref(model)
-    del model
-    gc.collect()
-    assert alive() is None
