@@ -48,7 +48,11 @@ def test_mask_matches_definition(t, m, window, valid):
             assert bool(got[i, j]) == reference.allowed(i, j, m, window, valid)
 
 
-def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=False):
+def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=False, clamped_call=False,
+                  position_keys=False):
+    """The layer against the brute force; `clamped_call` passes it `clamp_len` (it then
+    scores the distinct distances only), `position_keys` the projected keys of only the
+    distances it needs (`clamp_len + 1` rows)."""
     rng = np.random.default_rng(1)
     layer = RelativeAttention(H, DH, pre_lnorm=pre_lnorm, layer_norm_epsilon=1e-5)
     h = rng.normal(size=(B, T, D)).astype("float32")
@@ -59,8 +63,12 @@ def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=Fals
     mask = causal_attention_mask(T, mem_len, None if valid is None else ops.array(valid), window)
     layer(h, memory=mem, position_encoding=pos, content_bias=u, position_bias=v, attention_mask=mask)
     randomize(layer)
-    got = to_np(layer(h, memory=mem, position_encoding=pos, content_bias=u, position_bias=v,
-                      attention_mask=mask))
+    positions = dict(position_encoding=pos)
+    if position_keys:
+        positions = dict(position_keys=layer.project_positions(pos[k - clamp_len - 1:]))
+    if clamped_call:
+        positions["clamp_len"] = clamp_len
+    got = to_np(layer(h, memory=mem, content_bias=u, position_bias=v, attention_mask=mask, **positions))
     want = reference.relative_attention(
         h.astype(np.float64), None if mem is None else mem.astype(np.float64),
         attention_weights(layer), H, DH, u=u, v=v, clamp_len=clamp_len, window=window,
@@ -83,6 +91,26 @@ def test_attention_same_length_matches_brute_force():
 
 def test_attention_clamp_len_matches_brute_force():
     run_attention(mem_len=5, clamp_len=2)
+
+
+@pytest.mark.parametrize("mem_len,clamp_len,window,valid,position_keys", [
+    (5, 2, None, None, False),  # K 9: only the last clamp_len + T = 6 keys are shifted
+    (6, 1, 5, 4, True),         # same_length, empty slots, keys of the 2 distinct distances
+    (2, 2, None, None, True),   # clamp_len + T = K: every key shifted, 3 distinct of 6
+    (1, 3, None, None, False),  # clamp_len + 1 > K: nothing to save, the plain path
+])
+def test_attention_scores_only_the_distinct_clamped_distances(mem_len, clamp_len, window, valid, position_keys):
+    run_attention(mem_len=mem_len, clamp_len=clamp_len, window=window, valid=valid, clamped_call=True,
+                  position_keys=position_keys)
+
+
+def test_attention_rejects_position_keys_too_short():
+    layer = RelativeAttention(H, DH)
+    h = np.zeros((B, T, D), "float32")
+    keys = np.zeros((3, H * DH), "float32")
+    with pytest.raises(ValueError, match="at least 4 rows"):
+        layer(h, position_keys=keys)  # 4 keys, no clamp: 4 distances
+    layer(h, position_keys=keys, clamp_len=2)  # distances past 2 share the first row
 
 
 def test_attention_masks_empty_memory_slots():

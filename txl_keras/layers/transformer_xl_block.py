@@ -26,7 +26,7 @@ class TransformerXLBlock(keras.layers.Layer):
     Call arguments:
         inputs: `(batch_size, T, hidden_dim)`.
         memory, position_encoding, content_bias, position_bias, position_score_bias,
-        attention_mask, context_kv, position_keys: as in `RelativeAttention`.
+        attention_mask, context_kv, position_keys, clamp_len: as in `RelativeAttention`.
         training: bool.
 
     Returns:
@@ -100,6 +100,7 @@ class TransformerXLBlock(keras.layers.Layer):
         attention_mask=None,
         context_kv=None,
         position_keys=None,
+        clamp_len=None,
         training=False,
     ):
         x = self.attention(
@@ -112,6 +113,7 @@ class TransformerXLBlock(keras.layers.Layer):
             attention_mask=attention_mask,
             context_kv=context_kv,
             position_keys=position_keys,
+            clamp_len=clamp_len,
             training=training,
         )
         return self.feed_forward(x, training=training)

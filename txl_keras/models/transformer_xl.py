@@ -72,10 +72,10 @@ class TransformerXL(keras.Model):
             without it, `cache_kv` projects `mems` once (`memory_kv(mems)`). Given
             without `mems`, the memory is held only as keys and values (a
             `KeyValueMemory` keeps them in place between calls).
-        position_keys: optional list of `n_layer` tensors `(K', n_head * d_head)`,
-            `K' >= M + T`: `project_positions(K', clamp_len)`, each layer's projected
-            position encoding, computed once while the weights do not change (attn_type
-            0) instead of in every call.
+        position_keys: optional list of `n_layer` tensors, `project_positions(K',
+            clamp_len)` with `K' >= M + T` and this call's clamp_len: each layer's
+            projected position encoding, computed once while the weights do not change
+            (attn_type 0) instead of in every call.
 
     Returns:
         dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
@@ -244,14 +244,22 @@ class TransformerXL(keras.Model):
 
     def project_positions(self, key_length, clamp_len=None):
         """Each layer's position keys for `key_length` keys (attn_type 0): `n_layer`
-        tensors `(key_length, n_head * d_head)`, the `position_keys` of a call with at
-        most `key_length` keys and this `clamp_len` (default: the config's)."""
+        tensors `(position_key_length(key_length, clamp_len), n_head * d_head)`, the
+        `position_keys` of a call with at most `key_length` keys and this `clamp_len`
+        (default: the config's)."""
         if self.config.attn_type != 0:
             raise ValueError(f"Position keys are projected only with attn_type 0 (the paper's); this is "
                              f"attn_type={self.config.attn_type}.")
         clamp_len = self.config.clamp_len if clamp_len is None else clamp_len
-        encoding = self.pos_emb(relative_positions(key_length), clamp_len=clamp_len)
+        rows = self.position_key_length(key_length, clamp_len)
+        encoding = self.pos_emb(relative_positions(rows), clamp_len=clamp_len)
         return [block.attention.project_positions(encoding) for block in self.blocks]
+
+    @staticmethod
+    def position_key_length(key_length, clamp_len):
+        """Rows of `project_positions(key_length, clamp_len)`: one per distance below
+        `key_length`, of which the distances past `clamp_len` (if > 0) share one."""
+        return min(key_length, clamp_len + 1) if clamp_len > 0 else key_length
 
     def _check_memory_kv(self, memory_kv, mems):
         c = self.config
@@ -341,6 +349,10 @@ class TransformerXL(keras.Model):
         if c.attn_type == 0 and pos_emb is not None:
             pos_emb = self.pos_dropout(pos_emb, training=training)
         rows = self._position_rows(positions, memory_length + query_length, c.clamp_len)
+        # Distances past clamp_len share one encoding row, which the layers then score
+        # once; not where dropout on the encoding makes those rows differ (training).
+        clamp_len = c.clamp_len if c.attn_type == 0 and c.clamp_len > 0 and (
+            position_keys is not None or not training or c.dropout == 0) else None
 
         layer_inputs, current_kv = [], []
         for i, block in enumerate(self.blocks):
@@ -351,6 +363,8 @@ class TransformerXL(keras.Model):
             if position_keys is not None:
                 kwargs["position_keys"] = position_keys[i]
                 del kwargs["position_encoding"]
+            if clamp_len is not None:
+                kwargs["clamp_len"] = clamp_len
             if cache_kv:
                 current_kv.append(block.attention.project_kv(hidden))
                 kwargs["context_kv"] = current_kv[-1] if memory_kv is None else ops.concatenate(

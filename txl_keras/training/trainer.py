@@ -446,7 +446,8 @@ class Trainer:
                                         tgt_len - settings.ext_len, dtype=self.tc.precision)
             else:
                 memory = self._memory(settings.mem_len, batch)
-            positions = [state_variable("zeros", (settings.mem_len + tgt_len, inner), model.compute_dtype,
+            position_rows = model.backbone.position_key_length(settings.mem_len + tgt_len, settings.clamp_len)
+            positions = [state_variable("zeros", (position_rows, inner), model.compute_dtype,
                                         f"position_keys_{i}") for i in range(settings.n_layer)] \
                 if keep_positions else None
         jit = self.eval_uses_xla
