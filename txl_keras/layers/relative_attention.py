@@ -241,10 +241,17 @@ class RelativeAttention(keras.layers.Layer):
         scores = ops.cast(scores, "float32")
         if attention_mask is not None:  # an additive bias: its gradient is free
             scores = scores + ops.where(attention_mask, 0.0, MASK_VALUE)[None, None]
-        probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
-        probs = self.probs_dropout(probs, training=training)
-
-        attended = ops.matmul(probs, ops.transpose(v, (2, 0, 1, 3)))  # (H, B, T, Dh)
+        values = ops.transpose(v, (2, 0, 1, 3))
+        if training:
+            probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+            attended = ops.matmul(self.probs_dropout(probs, training=training), values)  # (H, B, T, Dh)
+        else:
+            # Normalised after the product with the values: the sum divides (T, Dh) outputs
+            # instead of (T, K) probabilities, one pass fewer over the scores (in training
+            # the backward pass then costs more than it saves).
+            weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+            attended = ops.matmul(ops.cast(weights, self.compute_dtype), values)
+            attended = attended / ops.cast(ops.sum(weights, axis=-1, keepdims=True), attended.dtype)
         attended = ops.reshape(ops.transpose(attended, (1, 2, 0, 3)), (batch, query_length, inner))
         output = self.output_dropout(ops.matmul(attended, self.o_kernel), training=training)
         if self.pre_lnorm:
