@@ -15,6 +15,8 @@ and the paper's evaluation-speed experiment at small scale.
    `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) on
    Zipf-distributed ids, with `--batch` streams (8; 1 is a user scoring one document) and
    `--segments` per pass (6; ours times whole passes, reset included, the port its calls).
+   `--model=enwik8_base`: the paper's enwik8 base evaluation (tgt_len 80, mem_len 2,100,
+   clamp_len 820, same_length, batch 10; 12 layers, d_model 512) on uniform byte ids.
 2. Transformer-XL evaluation (segments of 64 against a memory of L) vs vanilla
    sliding-window evaluation (mem_len 0, a window of L recomputed for each predicted
    token), at attention lengths L = 128, 320, 640: per-token speed-up, next to the
@@ -32,6 +34,8 @@ from common import cluster_shares, configs, current_rss_mb, emit, model_config, 
 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
 EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=6, zipf=True)
+EVAL_ENWIK8 = dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True, batch=10, segments=6)
+PAPER_EVALS = {"wt103_base": EVAL_WT103, "enwik8_base": EVAL_ENWIK8}
 
 
 def txl_model(c):
@@ -148,19 +152,21 @@ def main():
     parser.add_argument("--lengths", default="128,320,640")
     parser.add_argument("--ablations", action="store_true", help="also run ours without XLA / without the kv cache")
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
-    parser.add_argument("--model", choices=["char_small", "wt103_base"], default="char_small")
-    parser.add_argument("--batch", type=int, default=None, help="streams (default: 16 char_small, 8 wt103_base)")
+    parser.add_argument("--model", choices=["char_small", *PAPER_EVALS], default="char_small")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="streams (default: 16 char_small, 8 wt103_base, 10 enwik8_base)")
     parser.add_argument("--segments", type=int, default=None, help="timed segments per pass")
     args = parser.parse_args()
     if args.config_json:
         c = json.loads(args.config_json)
-    elif args.model == "wt103_base":
-        from txl_keras.models.config import PRESETS
+    elif args.model in PAPER_EVALS:
+        from txl_keras.models.config import TransformerXLConfig
 
-        c = {**PRESETS["wt103_base"], "dropout": 0.0, "tgt_len": 128, "mem_init": "zeros"}
+        c = TransformerXLConfig.from_preset(args.model, dropout=0.0, tgt_len=PAPER_EVALS[args.model]["tgt_len"],
+                                            mem_init="zeros").to_dict()
     else:
         c = {**configs()["char_small"], "tgt_len": 64}
-    e = dict(EVAL_WT103 if args.model == "wt103_base" else EVAL)
+    e = dict(PAPER_EVALS.get(args.model, EVAL))
     e.update({k: v for k, v in (("batch", args.batch), ("segments", args.segments)) if v})
     config_arg = ["--config_json", json.dumps(c), "--model", args.model] + \
         [f"--{k}={v}" for k, v in (("batch", args.batch), ("segments", args.segments)) if v]
