@@ -116,9 +116,15 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
         inputs, targets = block[:, :, :-1], block[:, :, 1:]
         return tf.data.Dataset.from_tensor_slices((tf.maximum(inputs, 0), targets))
 
-    # A fixed prefetch for evaluation: deleting an iterator whose prefetch autotunes can
-    # stall for seconds at the end of every evaluation pass.
-    return ds.flat_map(split_replicas).prefetch(2 if info["evaluation"] else tf.data.AUTOTUNE)
+    ds = ds.flat_map(split_replicas)
+    if not info["evaluation"]:
+        return ds.prefetch(tf.data.AUTOTUNE)
+    # Evaluation iterators are made and deleted every pass, and deleting one waits for
+    # tf.data's autotuning thread to wake from its sleep (10 ms doubling to 10 s): up to
+    # 10 s at the end of a pass. A fixed prefetch without autotuning has no such thread.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.prefetch(2).with_options(options)
 
 
 def distributed_dataset_fn(info, num_core_per_host=None, repeat=None, vocab_size=None, skip=0):
