@@ -214,12 +214,13 @@ class RelativeAttention(keras.layers.Layer):
             if clamp_len is not None and position_score_bias is not None:
                 raise ValueError("`clamp_len` applies to a sinusoid encoding (attn_type 0), not with "
                                  "`position_score_bias` (attn_type 1).")
-            width, distinct = _shifted_width(key_length, query_length, clamp_len)
+            window = _clamped_window(key_length, query_length, clamp_len)
+            width, distinct = window or (key_length, key_length)
             r = self._position_keys(position_encoding, position_keys, key_length, distinct)
-            # Row c encodes distance width - c: the spare row(s) in front (distance width,
-            # see relative_shift) and, with clamping, every distance past clamp_len.
-            copies = 1 if width is distinct else width + 1 - distinct
-            front = r[:1] if copies == 1 else ops.broadcast_to(r[:1], (copies, self.num_heads, self.head_dim))
+            # Row c encodes distance width - c: the spare row in front (distance width, see
+            # relative_shift) and, with clamping, every distance past clamp_len.
+            front = r[:1] if window is None else ops.broadcast_to(
+                r[:1], (width + 1 - distinct, self.num_heads, self.head_dim))
             r = ops.concatenate([front, r], axis=0)
             position_q = q if position_bias is None else q + scale * ops.cast(position_bias, q.dtype)[:, None, None]
             position_q = ops.reshape(position_q, (self.num_heads, -1, self.head_dim))
@@ -230,7 +231,7 @@ class RelativeAttention(keras.layers.Layer):
                 bias = ops.transpose(ops.concatenate([bias[:1], bias], axis=0))
                 position_scores = position_scores + scale * bias[:, None, None, :]
             position_scores = relative_shift(position_scores)  # the last `width` keys
-            if width is not key_length:
+            if window is not None and width < key_length:
                 # Every older key is at distance clamp_len or more: the score of the first
                 # shifted key (its distance is clamp_len + i) is theirs too.
                 far = ops.broadcast_to(position_scores[..., :1],
@@ -278,13 +279,18 @@ class RelativeAttention(keras.layers.Layer):
         return config
 
 
-def _shifted_width(key_length, query_length, clamp_len):
-    """`(width, distinct)`: how many of the last keys the relative shift scores, and how
-    many distinct distances they have. All `K` keys and `K` distances without clamping;
-    with `clamp_len` (static shapes) `min(K, clamp_len + T)` keys and
-    `min(K, clamp_len + 1)` distances."""
+def distinct_distances(key_length, clamp_len):
+    """How many distinct position keys `key_length` keys have: one per distance, those
+    from `clamp_len` on sharing one (`clamp_len` None or <= 0: no clamp)."""
+    return min(key_length, clamp_len + 1) if clamp_len is not None and clamp_len > 0 else key_length
+
+
+def _clamped_window(key_length, query_length, clamp_len):
+    """With `clamp_len` and static lengths, `(width, distinct)`: the last `width =
+    min(K, clamp_len + T)` keys are relative-shifted, over `distinct_distances` distances;
+    else None (all `K` keys, `K` distances)."""
     if clamp_len is None or not isinstance(key_length, int) or not isinstance(query_length, int):
-        return key_length, key_length
+        return None
     if not isinstance(clamp_len, int) or clamp_len <= 0:
         raise ValueError(f"Expected `clamp_len` to be a positive integer or None. Received: clamp_len={clamp_len!r}")
-    return min(key_length, clamp_len + query_length), min(key_length, clamp_len + 1)
+    return min(key_length, clamp_len + query_length), distinct_distances(key_length, clamp_len)

@@ -8,6 +8,7 @@ from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.attention_mask import causal_attention_mask
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
+from txl_keras.layers.relative_attention import distinct_distances
 from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 from txl_keras.layers.weight_initializers import weight_initializer
@@ -259,7 +260,7 @@ class TransformerXL(keras.Model):
     def position_key_length(key_length, clamp_len):
         """Rows of `project_positions(key_length, clamp_len)`: one per distance below
         `key_length`, of which the distances past `clamp_len` (if > 0) share one."""
-        return min(key_length, clamp_len + 1) if clamp_len > 0 else key_length
+        return distinct_distances(key_length, clamp_len)
 
     def _check_memory_kv(self, memory_kv, mems):
         c = self.config
