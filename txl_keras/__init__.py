@@ -8,10 +8,14 @@
 
 import importlib
 
-import keras
+from txl_keras.cpu_allocator import prefer_bfc_cpu_allocator
 
-from txl_keras import layers
-from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, TransformerXLLM
+prefer_bfc_cpu_allocator()  # before TensorFlow makes its CPU device (see the module)
+
+import keras  # noqa: E402
+
+from txl_keras import layers  # noqa: E402
+from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, TransformerXLLM  # noqa: E402
 
 if keras.backend.backend() == "tensorflow":  # each tf.distribute replica draws its own dropout masks
     importlib.import_module("txl_keras.tf_replicas")
