@@ -289,8 +289,10 @@ def _clamped_window(key_length, query_length, clamp_len):
     """With `clamp_len` and static lengths, `(width, distinct)`: the last `width =
     min(K, clamp_len + T)` keys are relative-shifted, over `distinct_distances` distances;
     else None (all `K` keys, `K` distances)."""
-    if clamp_len is None or not isinstance(key_length, int) or not isinstance(query_length, int):
+    if clamp_len is None:
         return None
-    if not isinstance(clamp_len, int) or clamp_len <= 0:
+    if not isinstance(clamp_len, int) or clamp_len <= 0:  # checked whatever the shapes
         raise ValueError(f"Expected `clamp_len` to be a positive integer or None. Received: clamp_len={clamp_len!r}")
+    if not isinstance(key_length, int) or not isinstance(query_length, int):
+        return None
     return min(key_length, clamp_len + query_length), distinct_distances(key_length, clamp_len)
