@@ -3,6 +3,7 @@ import pytest
 from conftest import to_np
 
 from txl_keras.layers import KeyValueMemory
+from txl_keras.layers.key_value_memory import ring_rows
 
 
 @pytest.mark.parametrize("mem_len,segment", [(6, 2), (7, 3), (2, 5), (4, 4)])
@@ -15,9 +16,11 @@ def test_read_is_the_last_mem_len_rows_appended_in_order(mem_len, segment):
     want, valid = list(start), 1
     for step in range(9):  # the ring wraps around several times
         kvs, count = memory.read()
-        for got, expected in zip(kvs, want):
+        rings, offset, ring_count = memory.read_rings()
+        for got, ring, expected in zip(kvs, rings, want):
             np.testing.assert_array_equal(to_np(got), expected)
-        assert int(count) == valid
+            np.testing.assert_array_equal(to_np(ring_rows(ring, offset, mem_len)), expected)
+        assert int(count) == valid == int(ring_count)
         rows = rng.normal(size=(2, 2, segment, 3)).astype("float32")
         valid = min(mem_len, valid + segment)
         memory.append(list(rows), valid)

@@ -7,6 +7,13 @@ from keras.src.utils import tracking
 from txl_keras.layers.memory_cache import state_variable
 
 
+def ring_rows(ring, offset, mem_len):
+    """The last `mem_len` rows of a ring buffer `(batch_size, capacity, width)` whose
+    oldest row is at slot `offset`, in time order: `(batch_size, mem_len, width)`."""
+    capacity = ring.shape[1]
+    return ops.roll(ring, -offset, axis=1)[:, capacity - mem_len:]
+
+
 @keras.saving.register_keras_serializable(package="txl_keras")
 class KeyValueMemory(keras.layers.Layer):
     """For every layer, the keys and values of the last `mem_len` positions, in ring
@@ -36,6 +43,9 @@ class KeyValueMemory(keras.layers.Layer):
     Methods:
         read(): `(kvs, valid)`, `num_layers` tensors `(batch_size, mem_len, width)`, oldest
             row first, and the int32 count of valid (most recent) rows.
+        read_rings(): `(rings, offset, valid)`, the rings `(batch_size, capacity,
+            width)` as stored and the slot of their oldest row (`ring_rows` orders one),
+            for a model that reads each layer's ring only when it runs that layer.
         append(segment_kv, valid): store `num_layers` tensors `(batch_size,
             segment_length, width)` as the newest rows, and the new count.
         reset(kvs=None, valid=0): start again from `kvs` (`num_layers` tensors
@@ -78,9 +88,10 @@ class KeyValueMemory(keras.layers.Layer):
 
     def read(self):
         offset = self.offset.value
-        start = self.capacity - self.mem_len
-        kvs = [ops.roll(ring.value, -offset, axis=1)[:, start:] for ring in self.rings]
-        return kvs, self.valid.value
+        return [ring_rows(ring.value, offset, self.mem_len) for ring in self.rings], self.valid.value
+
+    def read_rings(self):
+        return [ring.value for ring in self.rings], self.offset.value, self.valid.value
 
     def append(self, segment_kv, valid):
         offset = self.offset.value

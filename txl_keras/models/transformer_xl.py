@@ -6,6 +6,7 @@ from keras import ops
 
 from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.attention_mask import causal_attention_mask
+from txl_keras.layers.key_value_memory import ring_rows
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.relative_attention import distinct_distances
@@ -77,13 +78,21 @@ class TransformerXL(keras.Model):
             clamp_len)` with `K' >= M + T` and this call's clamp_len: each layer's
             projected position encoding, computed once while the weights do not change
             (attn_type 0) instead of in every call.
+        memory_kv_offset: optional int32 scalar: `memory_kv` are then the ring buffers
+            of a `KeyValueMemory` (`read_rings()`), of at least `mem_len` rows, and this
+            the slot of the oldest row. Each layer puts its ring in time order
+            (`ring_rows`) as it runs, so no ordered copy of the whole memory is made.
+        block_program: optional callable that runs the blocks as `run_blocks(hidden,
+            layers, static)` would (e.g. `SharedBlockProgram`: one compiled program that
+            every group of blocks calls with its own weights).
 
     Returns:
         dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
         `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)` (not when
         the memory is held only as keys and values); with `memory_valid` (or in
         stateful mode) also the new `"memory_valid"`; with `cache_kv` also
-        `"memory_kv"`, the new memories' keys and values, and `"segment_kv"`, those of
+        `"memory_kv"`, the new memories' keys and values (not with `memory_kv_offset`:
+        the rings' owner stores `"segment_kv"` itself), and `"segment_kv"`, those of
         the segment's rows that enter the memory (`n_layer` tensors `(batch_size,
         T - ext_len, 2 * n_head * d_head)`).
 
@@ -262,7 +271,7 @@ class TransformerXL(keras.Model):
         `key_length`, of which the distances past `clamp_len` (if > 0) share one."""
         return distinct_distances(key_length, clamp_len)
 
-    def _check_memory_kv(self, memory_kv, mems):
+    def _check_memory_kv(self, memory_kv, mems, ring=False):
         c = self.config
         if not self.can_cache_kv:
             raise ValueError(
@@ -278,7 +287,7 @@ class TransformerXL(keras.Model):
         length = (memory_kv[0].shape[1] if isinstance(memory_kv, (list, tuple)) and memory_kv else None) \
             if mems is None else mems[0].shape[1]
         if not isinstance(memory_kv, (list, tuple)) or len(memory_kv) != c.n_layer or any(
-            len(kv.shape) != 3 or kv.shape[2] != width or kv.shape[1] != length for kv in memory_kv
+            len(kv.shape) != 3 or kv.shape[2] != width or (kv.shape[1] != length and not ring) for kv in memory_kv
         ):
             shapes = [tuple(kv.shape) for kv in memory_kv] if isinstance(memory_kv, (list, tuple)) \
                 else type(memory_kv).__name__
@@ -288,17 +297,24 @@ class TransformerXL(keras.Model):
             )
 
     def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None,
-             same_length=None, memory_valid=None, cache_kv=False, memory_kv=None, position_keys=None):
+             same_length=None, memory_valid=None, cache_kv=False, memory_kv=None, position_keys=None,
+             memory_kv_offset=None, block_program=None):
         self._check_inputs(tokens, mems)
         cache_kv = cache_kv or memory_kv is not None
+        if memory_kv_offset is not None and (memory_kv is None or mems is not None):
+            raise ValueError("`memory_kv_offset` marks `memory_kv` as ring buffers held without `mems`; "
+                             "pass the rings as `memory_kv` and no `mems`.")
         if cache_kv:
-            self._check_memory_kv(memory_kv, mems)
+            self._check_memory_kv(memory_kv, mems, ring=memory_kv_offset is not None)
+        settings = self.config.with_memory(mem_len, clamp_len, same_length)
+        capacity = memory_kv[0].shape[1] if memory_kv_offset is not None else None
+        if capacity is not None and capacity < settings.mem_len:
+            raise ValueError(f"The memory_kv rings hold {capacity} rows, fewer than mem_len={settings.mem_len}.")
         if mem_len is not None and self.stateful and mem_len != self.config.mem_len:
             raise ValueError(
                 f"A stateful model keeps mem_len={self.config.mem_len}; use a stateless model "
                 f"(stateful=False) to run with mem_len={mem_len}."
             )
-        settings = self.config.with_memory(mem_len, clamp_len, same_length)
         if self.stateful:
             mems, memory_valid = self.memory.read()
         elif mems is None and memory_kv is None:
@@ -311,12 +327,14 @@ class TransformerXL(keras.Model):
             raise ValueError(f"Expected `position_keys` to be the list of n_layer={self.config.n_layer} tensors "
                              "of project_positions() (attn_type 0 only).")
         hidden, layer_inputs, current_kv = self._forward_layers(
-            tokens, mems, memory_kv, memory_valid, settings, cache_kv, training, position_keys)
+            tokens, mems, memory_kv, memory_valid, settings, cache_kv, training, position_keys,
+            memory_kv_offset, block_program)
         out = {"hidden": self.out_dropout(hidden, training=training)}
         if not kv_only:
             out["mems"] = self.memory(layer_inputs, mems, mem_len=settings.mem_len)
         if cache_kv:  # the same update as the memory's, applied to its keys and values
-            out["memory_kv"] = self.memory(current_kv, memory_kv, mem_len=settings.mem_len)
+            if memory_kv_offset is None:
+                out["memory_kv"] = self.memory(current_kv, memory_kv, mem_len=settings.mem_len)
             kept = ops.shape(tokens)[1] - settings.ext_len
             out["segment_kv"] = [kv[:, :kept] for kv in current_kv] if settings.ext_len else current_kv
         if memory_valid is not None:
@@ -327,13 +345,15 @@ class TransformerXL(keras.Model):
         return out
 
     def _forward_layers(self, tokens, mems, memory_kv, memory_valid, settings, cache_kv, training,
-                        position_keys=None):
+                        position_keys=None, memory_kv_offset=None, block_program=None):
         """Embedding and the blocks: `(hidden, each layer's input, each layer's current
         keys and values)`."""
         c = settings
         query_length = ops.shape(tokens)[1]
         stored = mems if mems is not None else memory_kv
         memory_length = 0 if stored is None else ops.shape(stored[0])[1]
+        if memory_kv_offset is not None:
+            memory_length = c.mem_len
         max_distance = None
         if c.same_length:
             max_distance = c.mem_len if c.same_length_convention == "tf" else c.mem_len - 1
@@ -355,23 +375,51 @@ class TransformerXL(keras.Model):
         clamp_len = c.clamp_len if c.attn_type == 0 and c.clamp_len > 0 and (
             position_keys is not None or not training or c.dropout == 0) else None
 
-        layer_inputs, current_kv = [], []
-        for i, block in enumerate(self.blocks):
-            layer_inputs.append(hidden)
+        static = dict(cache_kv=cache_kv, clamp_len=clamp_len, training=training,
+                      mem_len=None if memory_kv_offset is None else memory_length)
+        layers = []  # each block's arguments besides its input
+        for i in range(len(self.blocks)):
             memory = None if mems is None else mems[i]
-            hidden, memory = self._add_absolute_positions(i, hidden, memory, memory_length, pos_emb, rows)
-            kwargs = self._relative_position_inputs(i, pos_emb, rows)
+            absolute, memory = self._absolute_positions(i, memory, memory_length, pos_emb, rows)
+            positions = self._relative_position_inputs(i, pos_emb, rows)
             if position_keys is not None:
-                kwargs["position_keys"] = position_keys[i]
-                del kwargs["position_encoding"]
-            if clamp_len is not None:
-                kwargs["clamp_len"] = clamp_len
-            if cache_kv:
-                current_kv.append(block.attention.project_kv(hidden))
-                kwargs["context_kv"] = current_kv[-1] if memory_kv is None else ops.concatenate(
-                    [ops.cast(memory_kv[i], self.compute_dtype), current_kv[-1]], axis=1)
-            hidden = block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs)
-        return hidden, layer_inputs, current_kv
+                positions["position_keys"] = position_keys[i]
+                del positions["position_encoding"]
+            kv = None if memory_kv is None else memory_kv[i]
+            layers.append((memory, kv, memory_kv_offset, mask, positions, absolute))
+        hidden, layer_inputs, current_kv = (block_program or self.run_blocks)(hidden, layers, static)
+        return hidden, layer_inputs, current_kv if cache_kv else []
+
+    def run_blocks(self, hidden, layers, static, blocks=None):
+        """`blocks` (default: all) in turn from `hidden`, block `i` with `layers[i]`:
+        `(hidden, each block's input, each block's keys and values)`; see `block_step`."""
+        inputs, current_kv = [], []
+        for block, args in zip(self.blocks if blocks is None else blocks, layers):
+            inputs.append(hidden)
+            hidden, kv = self.block_step(block, hidden, *args, **static)
+            current_kv.append(kv)
+        return hidden, inputs, current_kv
+
+    def block_step(self, block, hidden, memory, memory_kv, memory_kv_offset, mask, positions, absolute,
+                   cache_kv, clamp_len, training, mem_len=None):
+        """One block of the forward pass: `(hidden, keys and values of its rows)` (None
+        without `cache_kv`). `memory_kv` is this layer's (a ring with `memory_kv_offset`,
+        read here as its last `mem_len` rows in time order); `positions` the block's
+        position arguments (`position_encoding` or `position_keys`, biases); `absolute`
+        what attn_type 3 adds to its input (else None)."""
+        if absolute is not None:
+            hidden = hidden + absolute
+        if memory_kv is not None and memory_kv_offset is not None:
+            memory_kv = ring_rows(memory_kv, memory_kv_offset, mem_len)
+        kwargs = dict(positions)
+        if clamp_len is not None:
+            kwargs["clamp_len"] = clamp_len
+        current_kv = None
+        if cache_kv:
+            current_kv = block.attention.project_kv(hidden)
+            kwargs["context_kv"] = current_kv if memory_kv is None else ops.concatenate(
+                [ops.cast(memory_kv, self.compute_dtype), current_kv], axis=1)
+        return block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs), current_kv
 
     def _position_rows(self, positions, key_length, clamp_len):
         """Rows of the learned position tables (attn_type 1 and 3), else None."""
@@ -399,18 +447,19 @@ class TransformerXL(keras.Model):
             )
         return {}
 
-    def _add_absolute_positions(self, i, hidden, memory, memory_length, pos_emb, rows):
-        """Absolute positions added to layer `i`'s input and memory (attn_type 2: the
-        sinusoid, to the first layer's memory; 3: a learned table per layer)."""
+    def _absolute_positions(self, i, memory, memory_length, pos_emb, rows):
+        """Absolute positions of layer `i`: `(what its input adds or None, its memory)`
+        (attn_type 2: the sinusoid, added to the first layer's memory; 3: a learned table
+        per layer, added to the input and the memory)."""
         c = self.config
         if c.attn_type == 2 and i == 0 and memory is not None:
-            memory = ops.cast(memory, self.compute_dtype) + pos_emb[:memory_length]
-        elif c.attn_type == 3:
+            return None, ops.cast(memory, self.compute_dtype) + pos_emb[:memory_length]
+        if c.attn_type == 3:
             absolute = ops.cast(ops.take(self.r_emb[i], rows, axis=0), self.compute_dtype)
-            hidden = hidden + absolute[memory_length:]
             if memory is not None:
                 memory = ops.cast(memory, self.compute_dtype) + absolute[:memory_length]
-        return hidden, memory
+            return absolute[memory_length:], memory
+        return None, memory
 
     def _learned_relative_rows(self, positions, clamp_len):
         """attn_type 1: table row of each descending distance (far distances share the

@@ -25,6 +25,7 @@ from txl_keras.layers.key_value_memory import KeyValueMemory
 from txl_keras.layers.memory_cache import MemoryCache, state_variable
 from txl_keras.models.flops import model_flops_per_token
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
+from txl_keras.training.block_program import SharedBlockProgram
 from txl_keras.training.optimizer import Adam
 from txl_keras.training.schedule import learning_rate
 
@@ -451,32 +452,41 @@ class Trainer:
                                         f"position_keys_{i}") for i in range(settings.n_layer)] \
                 if keep_positions else None
         jit = self.eval_uses_xla
+        # Unless every step is compiled (TPUs, --xla), the blocks run as one compiled program
+        # that each calls with its weights (a sixteenth of the compiler's memory for
+        # wt103_base).
+        program = SharedBlockProgram(model.backbone) if jit and not self.compiled else None
 
         def backbone(inputs):
-            mems, valid = memory.read()
-            if cache_kv:
+            if cache_kv:  # each layer reads its ring inside its own program
+                rings, offset, valid = memory.read_rings()
                 keys = [p.value for p in positions] if keep_positions else None
-                out = model.backbone(inputs, memory_kv=mems, memory_valid=valid, position_keys=keys,
-                                     training=False, **overrides)
+                out = model.backbone(inputs, memory_kv=rings, memory_kv_offset=offset, memory_valid=valid,
+                                     position_keys=keys, block_program=program, training=False, **overrides)
                 return out["hidden"], out["segment_kv"], out["memory_valid"]
-            out = model.backbone(inputs, mems=mems, memory_valid=valid, training=False, **overrides)
+            mems, valid = memory.read()
+            out = model.backbone(inputs, mems=mems, memory_valid=valid, block_program=program, training=False,
+                                 **overrides)
             return out["hidden"], out["mems"], out["memory_valid"]
 
         def scored_backbone(inputs, targets):
             hidden, new_memory, new_valid = backbone(inputs)
             return model.softmax(hidden, targets), new_memory, new_valid
 
-        # The backbone is XLA-compiled with the softmax when its shapes are static, else the
-        # softmax's dynamic tails run after it. The memory is written by its own compiled
+        # A compiled step compiles the backbone with the softmax when its shapes are static,
+        # else the softmax's dynamic tails run after it; otherwise the blocks' program is
+        # compiled, and a static softmax by itself. The memory is written by its own compiled
         # function, where XLA updates the variables in place.
-        if jit and self.eval_softmax_in_xla:
+        if program is None and jit and self.eval_softmax_in_xla:
             forward = tf.function(scored_backbone, jit_compile=True)
         else:
-            compiled = tf.function(backbone, jit_compile=True) if jit else backbone
+            compiled = tf.function(backbone, jit_compile=True) if jit and program is None else backbone
+            softmax = tf.function(model.softmax, jit_compile=True) if jit and self.eval_softmax_in_xla \
+                else model.softmax
 
             def forward(inputs, targets):
                 hidden, new_memory, new_valid = compiled(inputs)
-                return model.softmax(hidden, targets), new_memory, new_valid
+                return softmax(hidden, targets), new_memory, new_valid
         store = memory.append if cache_kv else memory.write
         store = tf.function(store, jit_compile=True) if jit else store
 
