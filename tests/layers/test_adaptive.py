@@ -72,6 +72,35 @@ def test_nll_equals_gathered_log_probs(case, tail_mode):
     np.testing.assert_allclose(nll, want, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("tail_mode", ["gather", "dense"])
+def test_nll_without_gradients_taken_piece_by_piece_matches_reference(case, tail_mode, monkeypatch):
+    from txl_keras.layers import adaptive_softmax
+
+    # Pieces of 2-3 rows: every cluster (and the head's tail columns) spans several.
+    monkeypatch.setattr(adaptive_softmax, "PIECE_ALIGN", 1)
+    monkeypatch.setattr(adaptive_softmax, "PIECE_VALUES", 21 * 3)
+    monkeypatch.setattr(adaptive_softmax, "PIECE_ROWS", 2)
+    emb, soft = make_pair(**case, tail_mode=tail_mode)
+    rng = np.random.default_rng(5)
+    h = rng.normal(size=(3, 7, D)).astype("float32")
+    targets = rng.integers(0, V, size=(3, 7)).astype("int32")
+    clusters, cw, cb = reference_clusters(emb, soft)
+    log_probs = reference.adaptive_log_probs(h.reshape(-1, D).astype(np.float64), clusters, cw, cb,
+                                             case["cutoffs"], V, case.get("order", "tf"))
+    want = -np.take_along_axis(log_probs, targets.reshape(-1, 1), -1).reshape(3, 7)
+    np.testing.assert_allclose(to_np(soft(h, targets, training=False)), want, atol=1e-4)
+    head_only = targets % soft.bounds[1]  # tail clusters without tokens
+    want_head = -np.take_along_axis(log_probs, head_only.reshape(-1, 1), -1).reshape(3, 7)
+    np.testing.assert_allclose(to_np(soft(h, head_only, training=False)), want_head, atol=1e-4)
+    if keras.config.backend() == "tensorflow":  # unknown token count: pieces of PIECE_ROWS rows
+        import tensorflow as tf
+
+        spec = tf.TensorSpec((None, 7, D), "float32"), tf.TensorSpec((None, 7), "int32")
+        lean = tf.function(lambda h, t: soft(h, t, training=False), input_signature=spec)
+        np.testing.assert_allclose(lean(h, targets).numpy(), want, atol=1e-4)
+
+
 def test_no_cutoffs_is_a_plain_softmax():
     soft = AdaptiveSoftmax(V, D, D, tie_weight=False, tie_projs=[False])
     soft.build()

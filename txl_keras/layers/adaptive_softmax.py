@@ -12,6 +12,11 @@ from txl_keras.layers.weight_initializers import weight_initializer
 CLUSTER_ORDERS = ("tf", "pytorch")
 TAIL_MODES = ("auto", "gather", "dense")
 FEW_ROWS = 32  # rows of a table per row of hidden states above which the table is streamed
+# Outside training the NLL is taken over pieces of the vocabulary in turn, each's logits at
+# most PIECE_VALUES values (16 MB) when the token count is static, else PIECE_ROWS rows.
+PIECE_VALUES = 1 << 22
+PIECE_ROWS = 1 << 14
+PIECE_ALIGN = 64  # pieces start at multiples of 64 rows (row_blocks then shares the table)
 
 
 def row_blocks(table, low, high):
@@ -80,6 +85,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
     Call arguments:
         hidden: `(batch_size, T, hidden_dim)`.
         targets: int `(batch_size, T)`, ids in `[0, vocabulary_size)`.
+        training: with `False` (no gradients wanted), the NLL is taken over the
+            vocabulary in pieces of at most 16 MB of logits instead of whole clusters.
 
     Returns:
         float32 `(batch_size, T)`, the negative log-likelihood of each target.
@@ -250,6 +257,44 @@ class AdaptiveSoftmax(keras.layers.Layer):
         logits = self._logits_of(hidden, blocks, bias, proj)
         return ops.sparse_categorical_crossentropy(targets, logits, from_logits=True)
 
+    def _pieces(self, i, n):
+        """Cluster `i`'s vocabulary in pieces for `_lean_nll`: `(row blocks, bias, first
+        column)` each, and for the head its tail-cluster logits (`cluster_W`) last."""
+        table, bias, _ = self.cluster_weights(i)
+        rows = self.bounds[i + 1] - self.bounds[i]
+        base = self.bounds[i] if self.div_val == 1 else 0
+        step = PIECE_ROWS if n is None else max(PIECE_ALIGN, PIECE_VALUES // max(n, 1) // PIECE_ALIGN * PIECE_ALIGN)
+        pieces = [(row_blocks(table, base + start, base + min(start + step, rows)), bias[start:start + step], start)
+                  for start in range(0, rows, step)]
+        if i == 0 and self.cutoffs:
+            pieces.append(([self.cluster_W], self.cluster_b, rows))
+        return pieces
+
+    def _lean_nll(self, i, hidden, targets):
+        """Cluster `i`'s NLL of `targets` (columns of the cluster's logits, the head's
+        tail columns included) as log-sum-exp minus the target's logit, over the
+        vocabulary piece by piece: no logits of the whole cluster, no copy of its table
+        (for wt103 at batch 8, the head's 82 MB logits and their softmax)."""
+        x = self._project(hidden, self.cluster_weights(i)[2])
+        maxima, sums, picked = [], [], None
+        for blocks, bias, start in self._pieces(i, hidden.shape[0]):
+            parts = [self._block_logits(x, ops.cast(block, self.compute_dtype)) for block in blocks]
+            logits = ops.cast(ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0], "float32")
+            logits = logits + ops.cast(bias, "float32")
+            width = logits.shape[-1]
+            top = ops.max(logits, axis=-1, initial=float("-inf"))  # (with `initial`, no tokens is no error)
+            maxima.append(top)
+            sums.append(ops.sum(ops.exp(logits - top[:, None]), axis=-1))
+            local = targets - start
+            value = ops.take_along_axis(logits, ops.clip(local, 0, width - 1)[:, None], axis=-1)[:, 0]
+            value = ops.where(ops.logical_and(local >= 0, local < width), value, 0.0)
+            picked = value if picked is None else picked + value
+        top = maxima[0]
+        for other in maxima[1:]:
+            top = ops.maximum(top, other)
+        total = sum(s * ops.exp(m - top) for s, m in zip(sums, maxima))
+        return top + ops.log(total) - picked
+
     def _head_weights(self):
         blocks, bias, proj = self._cluster_blocks(0)
         if self.cutoffs:
@@ -262,7 +307,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
             return keras.config.backend() == "jax"
         return self.tail_mode == "dense"
 
-    def call(self, hidden, targets):
+    def call(self, hidden, targets, training=None):
         out_shape = ops.shape(targets)
         hidden = ops.reshape(hidden, (-1, self.hidden_dim))
         targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
@@ -270,22 +315,29 @@ class AdaptiveSoftmax(keras.layers.Layer):
         for i in range(1, self.n_clusters):
             in_cluster = ops.logical_and(targets >= self.bounds[i], targets < self.bounds[i + 1])
             head_targets = ops.where(in_cluster, self.head_column(i), head_targets)
-        nll = self._nll_of(hidden, head_targets, *self._head_weights())
+        # With gradients, the fused cross-entropy (its gradient is softmax - one_hot); without,
+        # the vocabulary piece by piece, in a fraction of the memory.
+        lean = training is False
+        if lean:
+            nll = self._lean_nll(0, hidden, head_targets)
+        else:
+            nll = self._nll_of(hidden, head_targets, *self._head_weights())
         for i in range(1, self.n_clusters):
-            nll = nll + self._tail_nll(i, hidden, targets)
+            nll = nll + self._tail_nll(i, hidden, targets, lean)
         return ops.reshape(nll, out_shape)
 
-    def _tail_nll(self, i, hidden, targets):
+    def _tail_nll(self, i, hidden, targets, lean=False):
         low, high = self.bounds[i], self.bounds[i + 1]
         in_cluster = ops.logical_and(targets >= low, targets < high)
-        weights = self._cluster_blocks(i)
+
+        def nll_of(rows, local):
+            return self._lean_nll(i, rows, local) if lean else self._nll_of(rows, local, *self._cluster_blocks(i))
+
         if self._use_dense():
-            local = ops.clip(targets - low, 0, high - low - 1)
-            tail = self._nll_of(hidden, local, *weights)
+            tail = nll_of(hidden, ops.clip(targets - low, 0, high - low - 1))
             return ops.where(in_cluster, tail, ops.zeros_like(tail))
         index = ops.cast(ops.nonzero(in_cluster)[0], "int32")
-        local = ops.take(targets, index) - low
-        tail = self._nll_of(ops.take(hidden, index, axis=0), local, *weights)
+        tail = nll_of(ops.take(hidden, index, axis=0), ops.take(targets, index) - low)
         return ops.scatter(index[:, None], tail, ops.shape(targets))
 
     def _one_table(self):

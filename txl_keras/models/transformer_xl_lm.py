@@ -133,7 +133,7 @@ class TransformerXLLM(keras.Model):
                     f"Received shape {tuple(targets.shape)}"
                 )
             self.backbone._check_inputs(targets, None)
-            out["nll"] = self.softmax(out["hidden"], targets)
+            out["nll"] = self.softmax(out["hidden"], targets, training=training)
         if return_log_probs:
             out["log_probs"] = self.softmax.log_probs(out["hidden"])
         return out

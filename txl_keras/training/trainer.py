@@ -471,7 +471,7 @@ class Trainer:
 
         def scored_backbone(inputs, targets):
             hidden, new_memory, new_valid = backbone(inputs)
-            return model.softmax(hidden, targets), new_memory, new_valid
+            return model.softmax(hidden, targets, training=False), new_memory, new_valid
 
         # A compiled step compiles the backbone with the softmax when its shapes are static,
         # else the softmax's dynamic tails run after it; otherwise the blocks' program is
@@ -486,7 +486,7 @@ class Trainer:
 
             def forward(inputs, targets):
                 hidden, new_memory, new_valid = compiled(inputs)
-                return softmax(hidden, targets), new_memory, new_valid
+                return softmax(hidden, targets, training=False), new_memory, new_valid
         store = memory.append if cache_kv else memory.write
         store = tf.function(store, jit_compile=True) if jit else store
 
