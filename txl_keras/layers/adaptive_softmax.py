@@ -226,7 +226,10 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return x if proj is None else ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
 
     def _logits_of(self, hidden, blocks, bias, proj):
-        x = self._project(hidden, proj)
+        return self._projected_logits(self._project(hidden, proj), blocks, bias)
+
+    def _projected_logits(self, x, blocks, bias):
+        """float32 logits `(n, rows)` of projected rows `x` against row `blocks` and `bias`."""
         parts = [self._block_logits(x, ops.cast(block, self.compute_dtype)) for block in blocks]
         logits = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
         return ops.cast(logits, "float32") + ops.cast(bias, "float32")
@@ -278,9 +281,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         x = self._project(hidden, self.cluster_weights(i)[2])
         maxima, sums, picked = [], [], None
         for blocks, bias, start in self._pieces(i, hidden.shape[0]):
-            parts = [self._block_logits(x, ops.cast(block, self.compute_dtype)) for block in blocks]
-            logits = ops.cast(ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0], "float32")
-            logits = logits + ops.cast(bias, "float32")
+            logits = self._projected_logits(x, blocks, bias)
             width = logits.shape[-1]
             top = ops.max(logits, axis=-1, initial=float("-inf"))  # (with `initial`, no tokens is no error)
             maxima.append(top)

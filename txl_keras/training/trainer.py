@@ -403,9 +403,10 @@ class Trainer:
     @property
     def eval_uses_xla(self):
         """Evaluation's backbone is XLA-compiled (it fuses the score-sized elementwise
-        work of long-memory attention: 2.5x on CPU for wt103_base at mem_len 1,600), and
-        the softmax with it when its shapes are static (no cutoffs, or a compiled run);
-        an adaptive softmax's tails otherwise stay dynamic, outside XLA."""
+        work of long-memory attention: 2.5x on CPU for wt103_base at mem_len 1,600), in
+        groups of blocks unless every step is compiled, and the softmax too when its shapes
+        are static (no cutoffs, or a compiled run); an adaptive softmax's tails otherwise
+        stay dynamic, outside XLA."""
         return True
 
     @property
@@ -453,8 +454,7 @@ class Trainer:
                 if keep_positions else None
         jit = self.eval_uses_xla
         # Unless every step is compiled (TPUs, --xla), the blocks run as one compiled program
-        # that each calls with its weights (a sixteenth of the compiler's memory for
-        # wt103_base).
+        # that each group of 4 calls with its weights (a quarter of the compiler's memory).
         program = SharedBlockProgram(model.backbone) if jit and not self.compiled else None
 
         def backbone(inputs):
@@ -473,19 +473,18 @@ class Trainer:
             hidden, new_memory, new_valid = backbone(inputs)
             return model.softmax(hidden, targets, training=False), new_memory, new_valid
 
-        # A compiled step compiles the backbone with the softmax when its shapes are static,
-        # else the softmax's dynamic tails run after it; otherwise the blocks' program is
-        # compiled, and a static softmax by itself. The memory is written by its own compiled
-        # function, where XLA updates the variables in place.
-        if program is None and jit and self.eval_softmax_in_xla:
+        # A compiled step (its softmax has static shapes) is one program, backbone and softmax;
+        # otherwise the blocks' program is compiled, and a static softmax by itself (an
+        # adaptive softmax's dynamic tails stay outside XLA). The memory is written by its
+        # own compiled function, where XLA updates the variables in place.
+        if jit and program is None:
             forward = tf.function(scored_backbone, jit_compile=True)
         else:
-            compiled = tf.function(backbone, jit_compile=True) if jit and program is None else backbone
             softmax = tf.function(model.softmax, jit_compile=True) if jit and self.eval_softmax_in_xla \
                 else model.softmax
 
             def forward(inputs, targets):
-                hidden, new_memory, new_valid = compiled(inputs)
+                hidden, new_memory, new_valid = backbone(inputs)
                 return softmax(hidden, targets, training=False), new_memory, new_valid
         store = memory.append if cache_kv else memory.write
         store = tf.function(store, jit_compile=True) if jit else store
