@@ -1,7 +1,12 @@
 """Every weight starts from its own draw of the configured distribution (the original code
-initialises each variable independently), large tables included (drawn in row blocks)."""
+initialises each variable independently), large tables included (drawn as one graph on
+TensorFlow, in row blocks elsewhere) without extra copies of the table."""
 
 import itertools
+import os
+import subprocess
+import sys
+import textwrap
 
 import keras
 import numpy as np
@@ -48,8 +53,8 @@ def test_same_seed_same_weights():
 
 @pytest.mark.parametrize("base", [keras.initializers.RandomNormal(1.0, 2.0), keras.initializers.RandomUniform(-3, 3),
                                   keras.initializers.TruncatedNormal(0.0, 1.0)])
-def test_large_tables_are_drawn_in_independent_row_blocks(monkeypatch, base):
-    monkeypatch.setattr(weight_initializers, "BLOCK_VALUES", 600)  # 10 rows of 64 per block
+def test_large_tables_are_independent_draws_of_the_distribution(monkeypatch, base):
+    monkeypatch.setattr(weight_initializers, "BLOCK_VALUES", 600)  # large: 10 rows of 64 per block
     table = np.asarray(weight_initializer(base)((205, 64), dtype="float32"))
     assert table.shape == (205, 64)
     blocks = [table[i:i + 10].ravel() for i in range(0, 200, 10)]
@@ -61,6 +66,38 @@ def test_large_tables_are_drawn_in_independent_row_blocks(monkeypatch, base):
     assert abs(table.std() / expected[1] - 1) < 0.05
     if isinstance(base, keras.initializers.TruncatedNormal):
         assert np.abs(table).max() <= 2.0
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TensorFlow's graph draw")
+def test_a_large_table_costs_its_own_size_once_on_tensorflow():
+    """The peak memory of drawing a 128 MB table (in a fresh process, after a first draw
+    that starts TensorFlow's runtime) grows by about the table: an eager draw takes three
+    times it, row blocks twice, and Grappler folding the graph's constants twice."""
+    script = textwrap.dedent("""
+        import resource
+        import keras, numpy as np, tensorflow as tf
+        from txl_keras.layers import weight_initializers
+        from txl_keras.layers.weight_initializers import weight_initializer
+
+        def peak_mb():
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+        weight_initializers.BLOCK_VALUES = 1000
+        keras.Variable(weight_initializer(keras.initializers.RandomNormal(0.0, 0.02))((100, 100)))
+        before = peak_mb()
+        table = keras.Variable(weight_initializer(keras.initializers.RandomNormal(1.0, 0.02))((65536, 512)))
+        grown = peak_mb() - before
+        values = table.numpy()
+        folding = tf.config.optimizer.get_experimental_options().get("constant_folding")
+        print(grown, values.mean(), values.std(), folding)
+    """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown, mean, std, folding = out.stdout.split()[-4:]
+    assert float(grown) < 1.4 * 128, f"drawing a 128 MB table raised the peak by {float(grown):.0f} MB"
+    assert abs(float(mean) - 1.0) < 1e-3 and abs(float(std) / 0.02 - 1) < 0.01
+    assert folding == "True"  # Grappler's option restored
 
 
 def test_seeds_given_by_the_user_are_kept():
