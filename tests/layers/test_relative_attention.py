@@ -5,6 +5,7 @@ from conftest import attention_weights, randomize, to_np
 from keras import ops
 
 import reference
+from txl_keras.layers import relative_attention
 from txl_keras.layers import (
     PositionalEmbedding,
     RelativeAttention,
@@ -121,9 +122,22 @@ def test_attention_pre_lnorm_matches_brute_force():
     run_attention(mem_len=3, pre_lnorm=True)
 
 
-def test_learned_relative_positions_match_brute_force():
+@pytest.mark.parametrize("learned", [False, True])
+def test_attention_in_head_groups_matches_brute_force(monkeypatch, learned):
+    """Outside training, heads whose scores exceed SCORE_BYTES go one group at a time."""
+    monkeypatch.setattr(relative_attention, "SCORE_BYTES", 4 * B * T * (T + 6))  # one head's scores
+    assert relative_attention._head_group(4, B, T, T + 6) == 1
+    assert relative_attention._head_group(4, B, T, T + 1) == 2
+    assert relative_attention._head_group(3, B, T, T + 2) == 1
+    if learned:
+        test_learned_relative_positions_match_brute_force(memory=6)
+    else:
+        run_attention(mem_len=6, clamp_len=2, window=5, valid=4, clamped_call=True, position_keys=True)
+
+
+def test_learned_relative_positions_match_brute_force(memory=3):
     rng = np.random.default_rng(2)
-    m = 3
+    m = memory
     k = T + m
     layer = RelativeAttention(H, DH, position_projection=False)
     h = rng.normal(size=(B, T, D)).astype("float32")

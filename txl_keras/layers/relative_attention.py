@@ -10,6 +10,8 @@ from txl_keras.layers.weight_initializers import weight_initializer
 # Added to blocked scores in float32; softmax always runs in float32, so this neither
 # overflows in float16/bfloat16 nor lets a blocked key through.
 MASK_VALUE = -1e30
+# Outside training, the heads' scores are computed in groups of at most this many bytes.
+SCORE_BYTES = 32 << 20
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -207,10 +209,12 @@ class RelativeAttention(keras.layers.Layer):
         scale = ops.cast(1.0 / self.head_dim**0.5, q.dtype)
         q = ops.transpose(q, (2, 0, 1, 3)) * scale  # (H, B, T, Dh)
         batch, query_length = ops.shape(q)[1], ops.shape(q)[2]
+        key_length = ops.shape(k)[1]
         content_q = q if content_bias is None else q + scale * ops.cast(content_bias, q.dtype)[:, None, None]
-        scores = ops.matmul(content_q, ops.transpose(k, (2, 0, 3, 1)))  # (H, B, T, K)
+        keys = ops.transpose(k, (2, 0, 3, 1))  # (H, B, Dh, K)
+        values = ops.transpose(v, (2, 0, 1, 3))  # (H, B, K, Dh)
+        position = None
         if position_keys is not None or position_encoding is not None:
-            key_length = ops.shape(k)[1]
             if clamp_len is not None and position_score_bias is not None:
                 raise ValueError("`clamp_len` applies to a sinusoid encoding (attn_type 0), not with "
                                  "`position_score_bias` (attn_type 1).")
@@ -221,43 +225,79 @@ class RelativeAttention(keras.layers.Layer):
             # relative_shift) and, with clamping, every distance past clamp_len.
             front = r[:1] if window is None else ops.broadcast_to(
                 r[:1], (width + 1 - distinct, self.num_heads, self.head_dim))
-            r = ops.concatenate([front, r], axis=0)
+            r = ops.transpose(ops.concatenate([front, r], axis=0), (1, 2, 0))  # (H, Dh, width + 1)
             position_q = q if position_bias is None else q + scale * ops.cast(position_bias, q.dtype)[:, None, None]
-            position_q = ops.reshape(position_q, (self.num_heads, -1, self.head_dim))
-            position_scores = ops.matmul(position_q, ops.transpose(r, (1, 2, 0)))  # (H, B * T, width + 1)
-            position_scores = ops.reshape(position_scores, (self.num_heads, batch, query_length, -1))
+            bias = None
             if position_score_bias is not None:
-                bias = ops.cast(position_score_bias, position_scores.dtype)
-                bias = ops.transpose(ops.concatenate([bias[:1], bias], axis=0))
-                position_scores = position_scores + scale * bias[:, None, None, :]
-            position_scores = relative_shift(position_scores)  # the last `width` keys
-            if window is not None and width < key_length:
-                # Every older key is at distance clamp_len or more: the score of the first
-                # shifted key (its distance is clamp_len + i) is theirs too.
-                far = ops.broadcast_to(position_scores[..., :1],
-                                       (self.num_heads, batch, query_length, key_length - width))
-                position_scores = ops.concatenate([far, position_scores], axis=-1)
-            scores = scores + position_scores
+                bias = ops.cast(position_score_bias, q.dtype)
+                bias = scale * ops.transpose(ops.concatenate([bias[:1], bias], axis=0))  # (H, width + 1)
+            position = (position_q, r, bias, width)
+        mask = None if attention_mask is None else ops.where(attention_mask, 0.0, MASK_VALUE)[None, None]
 
-        scores = ops.cast(scores, "float32")
-        if attention_mask is not None:  # an additive bias: its gradient is free
-            scores = scores + ops.where(attention_mask, 0.0, MASK_VALUE)[None, None]
-        values = ops.transpose(v, (2, 0, 1, 3))
-        if training:
-            probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
-            attended = ops.matmul(self.probs_dropout(probs, training=training), values)  # (H, B, T, Dh)
+        # Outside training the heads go in groups whose scores take at most SCORE_BYTES,
+        # one group after the other (a loop, so that the groups' scores cannot be live at
+        # once): the same values in a fraction of the memory at long memory (wt103's
+        # evaluation at batch 8: 71 MB per score tensor of all heads).
+        group = self.num_heads if training else _head_group(self.num_heads, batch, query_length, key_length)
+        if group == self.num_heads:
+            attended = self._attend(content_q, keys, values, mask, position, training)
         else:
-            # Normalised after the product with the values: the sum divides (T, Dh) outputs
-            # instead of (T, K) probabilities, one pass fewer over the scores (in training
-            # the backward pass then costs more than it saves).
-            weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
-            attended = ops.matmul(ops.cast(weights, self.compute_dtype), values)
-            attended = attended / ops.cast(ops.sum(weights, axis=-1, keepdims=True), attended.dtype)
+            count = self.num_heads // group
+
+            def grouped(x):
+                return ops.reshape(x, (count, group) + tuple(ops.shape(x)[1:]))
+
+            def attend(parts):
+                parts = list(parts)
+                group_position = None
+                if position is not None:
+                    group_position = (parts[3], parts[4], parts[5] if position[2] is not None else None, position[3])
+                return self._attend(parts[0], parts[1], parts[2], mask, group_position, training)
+
+            parts = [content_q, keys, values] + ([] if position is None else [x for x in position[:3] if x is not None])
+            attended = ops.map(attend, tuple(grouped(x) for x in parts))  # (count, group, B, T, Dh)
+            attended = ops.reshape(attended, (self.num_heads,) + tuple(ops.shape(attended)[2:]))
         attended = ops.reshape(ops.transpose(attended, (1, 2, 0, 3)), (batch, query_length, inner))
         output = self.output_dropout(ops.matmul(attended, self.o_kernel), training=training)
         if self.pre_lnorm:
             return inputs + output
         return self._norm(inputs + output)
+
+    def _attend(self, content_q, keys, values, mask, position, training):
+        """Attention of some heads `h`: queries `(h, B, T, Dh)`, keys `(h, B, Dh, K)`,
+        values `(h, B, K, Dh)`, `position` None or `(position queries (h, B, T, Dh),
+        position keys (h, Dh, width + 1), score bias (h, width + 1) or None, width)` ->
+        `(h, B, T, Dh)`."""
+        heads, batch, query_length = ops.shape(content_q)[0], ops.shape(content_q)[1], ops.shape(content_q)[2]
+        key_length = ops.shape(keys)[-1]
+        scores = ops.matmul(content_q, keys)  # (h, B, T, K)
+        if position is not None:
+            position_q, r, bias, width = position
+            position_q = ops.reshape(position_q, (heads, -1, self.head_dim))
+            position_scores = ops.matmul(position_q, r)  # (h, B * T, width + 1)
+            position_scores = ops.reshape(position_scores, (heads, batch, query_length, -1))
+            if bias is not None:
+                position_scores = position_scores + bias[:, None, None, :]
+            position_scores = relative_shift(position_scores)  # the last `width` keys
+            if isinstance(width, int) and isinstance(key_length, int) and width < key_length:
+                # Every older key is at distance clamp_len or more: the score of the first
+                # shifted key (its distance is clamp_len + i) is theirs too.
+                far = ops.broadcast_to(position_scores[..., :1], (heads, batch, query_length, key_length - width))
+                position_scores = ops.concatenate([far, position_scores], axis=-1)
+            scores = scores + position_scores
+
+        scores = ops.cast(scores, "float32")
+        if mask is not None:  # an additive bias: its gradient is free
+            scores = scores + mask
+        if training:
+            probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+            return ops.matmul(self.probs_dropout(probs, training=training), values)
+        # Normalised after the product with the values: the sum divides (T, Dh) outputs
+        # instead of (T, K) probabilities, one pass fewer over the scores (in training
+        # the backward pass then costs more than it saves).
+        weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+        attended = ops.matmul(ops.cast(weights, self.compute_dtype), values)
+        return attended / ops.cast(ops.sum(weights, axis=-1, keepdims=True), attended.dtype)
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
@@ -277,6 +317,16 @@ class RelativeAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _head_group(num_heads, batch, query_length, key_length):
+    """Heads per group outside training: the largest divisor of `num_heads` whose float32
+    scores `(heads, batch, T, K)` fit in SCORE_BYTES (all heads when a size is unknown)."""
+    sizes = (batch, query_length, key_length)
+    if not all(isinstance(n, int) for n in sizes):
+        return num_heads
+    per_head = 4 * batch * query_length * key_length
+    return max([d for d in range(1, num_heads + 1) if num_heads % d == 0 and d * per_head <= SCORE_BYTES] or [1])
 
 
 def distinct_distances(key_length, clamp_len):
