@@ -43,6 +43,10 @@ class RelativeAttention(keras.layers.Layer):
     wt103's settings, 71% at enwik8's), and the keys further back take the score of the
     first of them.
 
+    Outside training, the heads' scores are computed in groups of at most `SCORE_BYTES`
+    (32 MB), one group after the other: the same values, without the several score-sized
+    temporaries of all heads at once (71 MB each at wt103's evaluation at batch 8).
+
     Because positions enter only through `r`, the keys and values of a memory row do
     not change from one segment to the next: with frozen weights (evaluation,
     generation) the caller can keep them (`project_kv`) and pass `context_kv` instead
