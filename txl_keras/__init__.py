@@ -17,8 +17,9 @@ import keras  # noqa: E402
 from txl_keras import layers  # noqa: E402
 from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, TransformerXLLM  # noqa: E402
 
-if keras.backend.backend() == "tensorflow":  # each tf.distribute replica draws its own dropout masks
-    importlib.import_module("txl_keras.tf_replicas")
+if keras.backend.backend() == "tensorflow":
+    importlib.import_module("txl_keras.tf_replicas")  # each tf.distribute replica draws its own dropout masks
+    importlib.import_module("txl_keras.tf_whole_draw")  # large tables drawn without extra copies
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,6 @@
 """The `tf.distribute` replica id for `ReplicaDropout` on the TensorFlow backend (the
-layers use keras.ops only; this is the one TensorFlow-specific piece they are given)."""
+layers use keras.ops only; this and `tf_whole_draw` are the TensorFlow-specific pieces
+they are given)."""
 
 import tensorflow as tf
 

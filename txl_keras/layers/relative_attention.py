@@ -251,11 +251,11 @@ class RelativeAttention(keras.layers.Layer):
             def grouped(x):
                 return ops.reshape(x, (count, group) + tuple(ops.shape(x)[1:]))
 
-            def attend(parts):
-                parts = list(parts)
+            def attend(parts):  # one group's queries, keys, values, then its position tensors
                 group_position = None
                 if position is not None:
-                    group_position = (parts[3], parts[4], parts[5] if position[2] is not None else None, position[3])
+                    bias = parts[5] if len(parts) > 5 else None
+                    group_position = (parts[3], parts[4], bias, position[3])
                 return self._attend(parts[0], parts[1], parts[2], mask, group_position, training)
 
             parts = [content_q, keys, values] + ([] if position is None else [x for x in position[:3] if x is not None])

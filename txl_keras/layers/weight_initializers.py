@@ -17,6 +17,14 @@ from keras import ops
 # ones come from the heap, which keeps them).
 BLOCK_VALUES = 1 << 24
 SHAPE_FREE = (keras.initializers.RandomNormal, keras.initializers.RandomUniform, keras.initializers.TruncatedNormal)
+_WHOLE_DRAW = [None]
+
+
+def set_whole_draw(draw):
+    """Install `draw(initializer, shape, dtype) -> values`, the backend's way to draw a
+    large weight at once taking its size only once (`txl_keras.tf_whole_draw` installs
+    TensorFlow's when the package is imported on that backend); None removes it."""
+    _WHOLE_DRAW[0] = draw
 
 
 def copy_initializer(initializer, seed_offset=0):
@@ -46,12 +54,12 @@ def weight_initializer(initializer):
     random normal or uniform values whose distribution does not depend on the shape, a
     large weight (over `BLOCK_VALUES` values) drawn without extra full-size copies. A
     random op's scale and shift each make a new full-size buffer when run eagerly, so
-    drawing wt103's (267,735, 410) table at once briefly takes three times its size. On
-    TensorFlow it is drawn as one graph, whose scale and shift then write over the
-    random values in place (`_draw_as_one_graph`): its size once, 0.44 GB above the
-    import, where row blocks took 0.84 GB and one eager draw 1.26 GB. Elsewhere it is
-    drawn `BLOCK_VALUES` at a time along the first axis, each block with its own seed,
-    then concatenated: twice its size."""
+    drawing wt103's (267,735, 410) table at once briefly takes three times its size.
+    With a backend's whole draw (`set_whole_draw`; TensorFlow's: one graph whose scale
+    and shift write over the random values in place) it takes its size once, 0.44 GB
+    above the import, where row blocks took 0.84 GB and one eager draw 1.26 GB.
+    Otherwise it is drawn `BLOCK_VALUES` at a time along the first axis, each block with
+    its own seed, then concatenated: twice its size."""
     initializer = copy_initializer(initializer)
     if not isinstance(initializer, SHAPE_FREE):
         return initializer
@@ -62,8 +70,8 @@ def weight_initializer(initializer):
         block = max(1, BLOCK_VALUES // max(per_row, 1))
         if rows <= block:
             return initializer(shape, dtype=dtype)
-        if keras.config.backend() == "tensorflow":
-            return _draw_as_one_graph(initializer, shape, dtype)
+        if _WHOLE_DRAW[0] is not None:
+            return _WHOLE_DRAW[0](initializer, shape, dtype)
         parts = [
             copy_initializer(initializer, seed_offset=k)((min(block, rows - start),) + shape[1:], dtype=dtype)
             for k, start in enumerate(range(0, rows, block))
@@ -72,19 +80,3 @@ def weight_initializer(initializer):
 
     return initialize
 
-
-def _draw_as_one_graph(initializer, shape, dtype):
-    """TensorFlow: `initializer(shape, dtype)` run as a graph, where each op after the
-    random one reuses its input's buffer, returned as the one buffer the variable then
-    keeps. Grappler's constant folding is off while the graph is made and run: the seed
-    and shape are constants, so it would otherwise compute the whole table while
-    optimising the graph, into a second copy outside TensorFlow's allocator."""
-    import tensorflow as tf
-
-    draw = tf.function(lambda: initializer(shape, dtype=dtype), autograph=False)
-    folding = tf.config.optimizer.get_experimental_options().get("constant_folding", True)
-    tf.config.optimizer.set_experimental_options({"constant_folding": False})
-    try:
-        return draw()
-    finally:
-        tf.config.optimizer.set_experimental_options({"constant_folding": folding})
