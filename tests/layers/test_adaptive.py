@@ -199,3 +199,13 @@ def test_few_rows_against_a_large_table_give_the_same_logits():
         for n in (3, 700):
             x = rng.normal(size=(n, 128)).astype("float32")
             np.testing.assert_allclose(dynamic(x).numpy(), x @ table.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_piece_waits_for_a_value_without_changing_its_input():
+    """`_after(x, value)` orders the pieces of the lean NLL (a data dependency on `value`)
+    and adds exactly zero, whatever `value` holds."""
+    from txl_keras.layers.adaptive_softmax import _after
+
+    x = np.array([[1.5, -2.0], [0.0, 3.25]], "float32")
+    for value in ([np.inf, np.nan, -np.inf], [1e38, 1e38], []):
+        np.testing.assert_array_equal(to_np(_after(x, np.array(value, "float32"))), x)

@@ -69,15 +69,22 @@ def test_memory_persists_across_host_loop_calls(tmp_path):
 @pytest.mark.parametrize("eval_settings", [  # other tgt/mem/clamp/same_length: test_trainer_options.py
     {},
     {"model": {"pre_lnorm": True, "mem_init": "zeros"}},  # cached keys/values of a zero memory
+    # an adaptive softmax scores 3 segments per call (SCORE_TOKENS), the last group partial
+    {"model": {"cutoffs": [5, 12], "div_val": 2, "d_embed": 16}, "score_tokens": 24},
 ])
-def test_evaluation_equals_direct_computation_over_the_split(tmp_path, eval_settings):
+def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypatch, eval_settings):
     from tf_records import load_corpus
+    from txl_keras.training import trainer as trainer_module
 
+    eval_settings = dict(eval_settings)
+    monkeypatch.setattr(trainer_module, "SCORE_TOKENS", eval_settings.pop("score_tokens", 0))
     tgt = eval_settings.get("eval_tgt_len", 8)
     records = build(str(tmp_path), eval_batch=1, tgt_len=8)
     if tgt != 8:
         build(str(tmp_path), eval_batch=1, tgt_len=tgt, splits=("valid",))
     trainer = make(tmp_path, records, eval_batch_size=1, **eval_settings)
+    group = trainer.segments_per_score(1, tgt)
+    assert group == (3 if trainer.config.cutoffs else None)
     trainer.train()
     if "model" in eval_settings:  # layer-norm biases far from zero: a zero memory's keys are not zero
         randomize(trainer.model, scale=0.5)
@@ -85,6 +92,7 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, eval_sett
     corpus = load_corpus("text", text=str(tmp_path / "corpus.txt"), level="char")
     ids = corpus.split_ids["valid"]()
     assert result["tokens"] == len(ids) - 1 == result["expected_tokens"]
+    assert group is None or -(-(len(ids) - 1) // tgt) % group  # a partial last group was scored
     mem_len = eval_settings.get("eval_mem_len", trainer.config.mem_len)
     kwargs = dict(mem_len=mem_len, clamp_len=eval_settings.get("eval_clamp_len"),
                   same_length=eval_settings.get("eval_same_length"))
@@ -97,6 +105,23 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, eval_sett
         total += float(np.sum(out["nll"]))
     assert result["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
     assert result["bpc"] == pytest.approx(result["loss"] / math.log(2))
+
+
+def test_two_replicas_score_held_segments_like_one_device(tmp_path, mirrored, monkeypatch):
+    """An adaptive softmax scores several segments per call, each replica its own held
+    segments: two replicas (3 segments per call each) give one device's evaluation."""
+    from txl_keras.training import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "SCORE_TOKENS", 48)
+    records = build(str(tmp_path))
+    adaptive = {"cutoffs": [5, 12], "div_val": 2, "d_embed": 16}
+    one = make(tmp_path, records, model_dir="one", model=adaptive)
+    two = make(tmp_path, records, strategy=mirrored, model_dir="two", model=adaptive)
+    two.model.set_weights(one.model.get_weights())
+    assert (one.segments_per_score(4, 8), two.segments_per_score(2, 8)) == (1, 3)
+    a, b = one.evaluate(progress=False), two.evaluate(progress=False)
+    assert a["tokens"] == b["tokens"] == a["expected_tokens"]
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -30,6 +30,12 @@ from txl_keras.training.optimizer import Adam
 from txl_keras.training.schedule import learning_rate
 
 LN2 = math.log(2.0)
+# Evaluation with an adaptive softmax outside XLA scores the segments of a small batch
+# together, at least this many tokens per call: a tail cluster's logits cost a read of
+# its whole table whatever the token count (wt103's 160,000-word cluster: 262 MB for the
+# ~20 of its tokens a segment of 128 has), so scoring 8 segments at once at batch 1
+# reads each table once instead of 8 times.
+SCORE_TOKENS = 1024
 
 
 class NonFiniteLossError(RuntimeError):
@@ -413,6 +419,14 @@ class Trainer:
     def eval_softmax_in_xla(self):
         return self.compiled or not self.config.cutoffs
 
+    def segments_per_score(self, batch, tgt_len):
+        """Segments whose NLL evaluation computes together (`SCORE_TOKENS`), after their
+        backbone, when an adaptive softmax runs outside XLA (its tables are then read once
+        per call); else None: each segment is scored in its own step."""
+        if not self.config.cutoffs or self.eval_softmax_in_xla:
+            return None
+        return max(1, SCORE_TOKENS // (batch * tgt_len))
+
     def eval_settings(self):
         """The model config with the evaluation memory settings, and the eval tgt_len."""
         tc = self.tc
@@ -423,8 +437,11 @@ class Trainer:
         """`(start, replica_eval, eval_step)` for these evaluation settings and segment
         length, built once: `start()` (cross-replica) empties each replica's memory;
         `replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over replicas
-        (float32, int32) scores a segment and advances the memory; `eval_step` runs it
-        on every replica."""
+        (float32, int32) scores a segment and advances the memory; `eval_step(inputs,
+        targets, slot, score)` advances every replica's memory by a segment and returns
+        the sums of the segments scored in this call: with `segments_per_score(...)`
+        = 1 this one (`slot` and `score` are then ignored), else the segment is held in
+        slot `slot` and the held slots `0..slot` are scored together when `score`."""
         key = (settings.to_json(), tgt_len)
         if key not in self._eval_fns:
             self._eval_fns[key] = self._build_eval_step(settings, tgt_len)
@@ -513,19 +530,57 @@ class Trainer:
             # An argument made in the replica's context places the compiled call on its device.
             compiled_reset(tf.constant(settings.mem_len if settings.mem_init == "zeros" else 0, tf.int32))
 
-        def replica_eval(inputs, targets):
-            mask = targets >= 0
-            nll, new_memory, new_valid = forward(inputs, tf.maximum(targets, 0))
-            store(new_memory, new_valid)
-            context = tf.distribute.get_replica_context()
+        def summed(nll, mask):
             # float32 sums per batch, int32 counts (TPUs have no float64); the host adds
             # the batches up in Python floats.
+            context = tf.distribute.get_replica_context()
             return (context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.where(mask, nll, 0.0))),
                     context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(mask, tf.int32))))
 
+        def replica_eval(inputs, targets):
+            nll, new_memory, new_valid = forward(inputs, tf.maximum(targets, 0))
+            store(new_memory, new_valid)
+            return summed(nll, targets >= 0)
+
+        group = self.segments_per_score(batch, tgt_len)
+        if group:
+            with self.strategy.scope():
+                held_hidden = state_variable("zeros", (group, batch, tgt_len, settings.d_model),
+                                             model.compute_dtype, "held_hidden")
+                held_targets = state_variable("zeros", (group, batch, tgt_len), "int32", "held_targets")
+
+            def score_held(last):
+                """The NLL of the held slots `0..last`, `(group * batch, tgt_len)`, and its mask."""
+                targets = tf.reshape(held_targets.value, (group * batch, tgt_len))
+                hidden = tf.reshape(held_hidden.value, (group * batch, tgt_len, settings.d_model))
+                nll = model.softmax(hidden, tf.maximum(targets, 0), training=False)
+                slots = tf.repeat(tf.range(group), batch)[:, None]
+                return nll, tf.logical_and(targets >= 0, slots <= last)
+
+            def replica_hold(inputs, targets, slot):
+                hidden, new_memory, new_valid = backbone(inputs)
+                store(new_memory, new_valid)
+                held_hidden.assign(tf.tensor_scatter_nd_update(held_hidden.value, [[slot]], hidden[None]))
+                held_targets.assign(tf.tensor_scatter_nd_update(held_targets.value, [[slot]], targets[None]))
+
+            # Holding and scoring are two functions: as one (a tf.cond in the step), the
+            # scoring took 4x the memory of the softmax by itself.
+            hold_step = tf.function(lambda inputs, targets, slot: self.strategy.run(
+                replica_hold, args=(inputs, targets, slot)))
+            score_step = tf.function(lambda last: self.strategy.run(lambda: summed(*score_held(last))))
+
         @tf.function
-        def eval_step(inputs, targets):
-            nll, count = self.strategy.run(replica_eval, args=(inputs, targets))
+        def one_step(inputs, targets):
+            return self.strategy.run(replica_eval, args=(inputs, targets))
+
+        def eval_step(inputs, targets, slot, score):
+            if not group:
+                nll, count = one_step(inputs, targets)
+            else:
+                hold_step(inputs, targets, tf.constant(slot))
+                if not score:
+                    return 0.0, 0
+                nll, count = score_step(tf.constant(slot))
             return self._local(nll)[0], self._local(count)[0]
 
         return tf.function(lambda: self.strategy.run(start)), replica_eval, eval_step
@@ -542,6 +597,7 @@ class Trainer:
         settings, tgt_len = self.eval_settings()
         info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
         start, _, eval_step = self.eval_step_fn(settings, tgt_len)
+        group = self.segments_per_score(tc.eval_batch_size // self.cores, tgt_len) or 1
         start()
 
         fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=settings.n_token)
@@ -553,9 +609,11 @@ class Trainer:
             for i, (inputs, targets) in enumerate(dataset):
                 if i >= batches:
                     break
-                nll, n = eval_step(inputs, targets)
+                slot = i % group
+                nll, n = eval_step(inputs, targets, slot, slot == group - 1 or i + 1 == batches)
                 total, count = total + float(nll), count + int(n)
-                report(i + 1, total / max(count, 1))
+                if count:  # (a held segment is scored with its group)
+                    report(i + 1, total / count)
         loss = total / max(count, 1)
         result = {"loss": loss, "ppl": math.exp(min(loss, 50)), "bpc": loss / LN2, "tokens": count,
                   "expected_tokens": info["num_targets"], "split": split}
