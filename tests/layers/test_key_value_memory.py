@@ -6,12 +6,18 @@ from txl_keras.layers import KeyValueMemory
 from txl_keras.layers.key_value_memory import ring_rows
 
 
-@pytest.mark.parametrize("mem_len,segment", [(6, 2), (7, 3), (2, 5), (4, 4)])
-def test_read_is_the_last_mem_len_rows_appended_in_order(mem_len, segment):
+@pytest.mark.parametrize("mem_len,segment,capacity", [
+    (6, 2, 6), (7, 3, 7), (2, 5, 2), (4, 4, 4),
+    (10, 4, 10),  # pieces of 2 rows, a segment wraps around the ring's end (wt103: 1,600 and 128)
+    (6, 4, 6),  # the same, with mem_len not a multiple of the segment
+    (7, 9, 9),  # 9 pieces of one row would be more than MAX_WRITES: a ring of whole segments
+])
+def test_read_is_the_last_mem_len_rows_appended_in_order(mem_len, segment, capacity):
     # Reference: the plain shifting memory (concatenate, keep the last mem_len rows).
     rng = np.random.default_rng(0)
     start = rng.normal(size=(2, 2, mem_len, 3)).astype("float32")
     memory = KeyValueMemory(mem_len, num_layers=2, width=3, batch_size=2, segment_length=segment)
+    assert memory.capacity == capacity
     memory.reset(list(start), 1)
     want, valid = list(start), 1
     for step in range(9):  # the ring wraps around several times

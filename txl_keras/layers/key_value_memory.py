@@ -1,10 +1,14 @@
 """Keys and values of the memory, kept in place between segments (frozen weights)."""
 
+import math
+
 import keras
 from keras import ops
 from keras.src.utils import tracking
 
 from txl_keras.layers.memory_cache import state_variable
+
+MAX_WRITES = 8  # in-place writes per ring and segment, at most (see KeyValueMemory)
 
 
 def ring_rows(ring, offset, mem_len):
@@ -27,10 +31,14 @@ class KeyValueMemory(keras.layers.Layer):
     when compiled by itself (XLA aliases the variables), and `read` returns the rows in
     time order (a rotation that XLA fuses into the attention's use of them).
 
-    Each ring holds `capacity = ceil(mem_len / segment_length) * segment_length` rows,
-    so a segment never wraps around its end; the state is the rings, the slot `offset`
-    of the oldest row and the count `valid` of slots holding real positions. Under
-    `tf.distribute` each replica keeps its own (`synchronization="on_read"`).
+    Each ring holds `capacity = mem_len` rows: a segment is written in pieces of `g =
+    gcd(mem_len, segment_length)` rows, one in-place write each, and as every slot
+    offset is a multiple of `g`, no piece wraps around the ring's end (wt103's mem_len
+    1,600 and segments of 128: two writes of 64 rows). Where that would take more than
+    `MAX_WRITES` writes, the ring holds `ceil(mem_len / segment_length) *
+    segment_length` rows instead, written at once. The state is the rings, the slot
+    `offset` of the oldest row and the count `valid` of slots holding real positions.
+    Under `tf.distribute` each replica keeps its own (`synchronization="on_read"`).
 
     Args:
         mem_len: int > 0, rows visible to the model.
@@ -70,7 +78,12 @@ class KeyValueMemory(keras.layers.Layer):
         self.width = width
         self.batch_size = batch_size
         self.segment_length = segment_length
-        self.capacity = -(-mem_len // segment_length) * segment_length
+        self.piece = math.gcd(mem_len, segment_length)
+        if segment_length // self.piece <= MAX_WRITES:
+            self.capacity = mem_len
+        else:
+            self.piece = segment_length
+            self.capacity = -(-mem_len // segment_length) * segment_length
         self._create_state_variables()
         self.built = True
 
@@ -101,7 +114,11 @@ class KeyValueMemory(keras.layers.Layer):
                     f"Expected segment keys and values of shape (batch_size, {self.segment_length}, "
                     f"{self.width}). Received shape {tuple(rows.shape)}"
                 )
-            ring.assign(ops.slice_update(ring.value, [0, offset, 0], ops.cast(rows, ring.dtype)))
+            value, rows = ring.value, ops.cast(rows, ring.dtype)
+            for start in range(0, self.segment_length, self.piece):  # in time order: later rows win
+                slot = (offset + start) % self.capacity
+                value = ops.slice_update(value, [0, slot, 0], rows[:, start:start + self.piece])
+            ring.assign(value)
         self.offset.assign((offset + self.segment_length) % self.capacity)
         self.valid.assign(ops.cast(valid, "int32"))
 
