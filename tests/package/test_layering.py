@@ -69,15 +69,10 @@ def test_imports_go_one_way():
     assert not violations, violations
 
 
-def test_the_checker_sees_imports_inside_functions():
-    source = "def f():\n    from txl_keras.training import cli\n"
-    tree_path = os.path.join(ROOT, "tests", "package", "_probe.py")
-    try:
-        with open(tree_path, "w") as f:
-            f.write(source)
-        assert "txl_keras.training.cli" in set(imported(tree_path, "txl_keras.models.probe"))
-    finally:
-        os.remove(tree_path)
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    tree_path = tmp_path / "probe.py"
+    tree_path.write_text("def f():\n    from txl_keras.training import cli\n")
+    assert "txl_keras.training.cli" in set(imported(str(tree_path), "txl_keras.models.probe"))
 
 
 PROBE = r"""
