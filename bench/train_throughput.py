@@ -43,8 +43,9 @@ def adaptive_profile(trainer, c, tokens, repeats=10):
     emb, soft = model.backbone.word_emb, model.softmax
     x = tf.constant(tokens[: c["batch"] * c["tgt_len"]].reshape(c["batch"], c["tgt_len"]))
     y = tf.roll(x, -1, axis=1)
-    cotangent = tf.random.normal([c["batch"], c["tgt_len"], c["d_model"]])
-    hidden = tf.random.normal([c["batch"], c["tgt_len"], c["d_model"]])
+    shape = [c["batch"], c["tgt_len"], c["d_model"]]  # in the layers' compute dtype (bf16 for mixed_bfloat16)
+    cotangent = tf.random.normal(shape, dtype=emb.compute_dtype)
+    hidden = tf.random.normal(shape, dtype=soft.compute_dtype)
 
     @tf.function
     def embedding_step():
