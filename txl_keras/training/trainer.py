@@ -438,10 +438,11 @@ class Trainer:
         length, built once: `start()` (cross-replica) empties each replica's memory;
         `replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over replicas
         (float32, int32) scores a segment and advances the memory; `eval_step(inputs,
-        targets, slot, score)` advances every replica's memory by a segment and returns
-        the sums of the segments scored in this call: where `segments_per_score` is
-        None this one (`slot` and `score` are ignored), else the segment is held in slot
-        `slot` and the held slots `0..slot` are scored together when `score`."""
+        targets, index, last)` advances every replica's memory by segment `index` of the
+        pass and returns the sums of the segments scored in this call: where
+        `segments_per_score` is None this one, else the segment is held in slot `index %
+        group` and the held slots are scored together when it fills the last slot or is
+        the pass's `last`."""
         key = (settings.to_json(), tgt_len)
         if key not in self._eval_fns:
             self._eval_fns[key] = self._build_eval_step(settings, tgt_len)
@@ -574,12 +575,13 @@ class Trainer:
         def one_step(inputs, targets):
             return self.strategy.run(replica_eval, args=(inputs, targets))
 
-        def eval_step(inputs, targets, slot, score):
+        def eval_step(inputs, targets, index, last):
             if not group:
                 nll, count = one_step(inputs, targets)
             else:
+                slot = index % group
                 hold_step(inputs, targets, tf.constant(slot))
-                if not score:
+                if slot < group - 1 and not last:
                     return 0.0, 0
                 nll, count = score_step(tf.constant(slot))
             return self._local(nll)[0], self._local(count)[0]
@@ -598,7 +600,6 @@ class Trainer:
         settings, tgt_len = self.eval_settings()
         info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
         start, _, eval_step = self.eval_step_fn(settings, tgt_len)
-        group = self.segments_per_score(tc.eval_batch_size // self.cores, tgt_len) or 1
         start()
 
         fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=settings.n_token)
@@ -610,8 +611,7 @@ class Trainer:
             for i, (inputs, targets) in enumerate(dataset):
                 if i >= batches:
                     break
-                slot = i % group
-                nll, n = eval_step(inputs, targets, slot, slot == group - 1 or i + 1 == batches)
+                nll, n = eval_step(inputs, targets, i, i + 1 == batches)
                 total, count = total + float(nll), count + int(n)
                 if count:  # (a held segment is scored with its group)
                     report(i + 1, total / count)
