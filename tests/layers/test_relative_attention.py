@@ -108,10 +108,12 @@ def test_attention_scores_only_the_distinct_clamped_distances(mem_len, clamp_len
 def test_attention_rejects_position_keys_too_short():
     layer = RelativeAttention(H, DH)
     h = np.zeros((B, T, D), "float32")
-    keys = np.zeros((3, H * DH), "float32")
-    with pytest.raises(ValueError, match="at least 4 rows"):
+    keys = np.zeros((H, DH, 3), "float32")
+    with pytest.raises(ValueError, match="at least 4 columns"):
         layer(h, position_keys=keys)  # 4 keys, no clamp: 4 distances
-    layer(h, position_keys=keys, clamp_len=2)  # distances past 2 share the first row
+    layer(h, position_keys=keys, clamp_len=2)  # distances past 2 share the first column
+    with pytest.raises(ValueError, match=r"of shape \(num_heads=2, head_dim=3, K'\)"):
+        layer(h, position_keys=np.zeros((4, H * DH), "float32"))  # rows of (K', H * Dh): not this layout
 
 
 def test_attention_masks_empty_memory_slots():

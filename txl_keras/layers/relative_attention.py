@@ -74,7 +74,7 @@ class RelativeAttention(keras.layers.Layer):
         attention_mask: optional boolean `(T, K)`, True where allowed.
         context_kv: optional `(batch_size, K, 2 * H * Dh)`, the keys and values of
             `[memory, inputs]` (`project_kv` of each row); `memory` is then not projected.
-        position_keys: optional `(K', H * Dh)`, the projected sinusoid encoding of
+        position_keys: optional `(H, Dh, K')`, the projected sinusoid encoding of
             distances `K' - 1, ..., 0` (`project_positions`), used instead of projecting
             `position_encoding` (it does not change between segments while the weights
             do not); `K' >= K`, or with `clamp_len` `K' >= min(K, clamp_len + 1)`.
@@ -154,24 +154,33 @@ class RelativeAttention(keras.layers.Layer):
         return ops.matmul(inputs, ops.split(self.qkv_kernel, [inner], axis=1)[1])
 
     def project_positions(self, position_encoding):
-        """The position keys `(K, H * Dh)` of a sinusoid encoding `(K, hidden_dim)`."""
-        return ops.matmul(ops.cast(position_encoding, self.compute_dtype), self.r_kernel)
+        """The position keys `(H, Dh, K)` of a sinusoid encoding `(K, hidden_dim)`, column
+        `c` from row `c`: head-major, the layout the position scores multiply, so that
+        keys projected once (`position_keys`) are not transposed again every call."""
+        encoding = ops.cast(position_encoding, self.compute_dtype)
+        keys = ops.matmul(ops.transpose(self.r_kernel), ops.transpose(encoding))  # (H * Dh, K)
+        return ops.reshape(keys, (self.num_heads, self.head_dim, -1))
 
     def _position_keys(self, position_encoding, position_keys, key_length, distinct):
-        """The last `distinct` position keys, `(distinct, H, Dh)`: distances `distinct - 1`
+        """The last `distinct` position keys, `(H, Dh, distinct)`: distances `distinct - 1`
         down to 0 (projected here from `position_encoding` unless `position_keys`)."""
         given = position_encoding if position_keys is None else position_keys
-        available = ops.shape(given)[0]
+        if position_keys is not None and tuple(ops.shape(given)[:-1]) != (self.num_heads, self.head_dim):
+            raise ValueError(f"Expected `position_keys` of shape (num_heads={self.num_heads}, head_dim="
+                             f"{self.head_dim}, K') as project_positions() returns; received shape "
+                             f"{tuple(ops.shape(given))}.")
+        available = ops.shape(given)[-1 if position_keys is not None else 0]
         if isinstance(available, int) and isinstance(distinct, int) and available < distinct:
-            what = "position_keys" if position_keys is not None else "position_encoding"
-            raise ValueError(f"Expected `{what}` to have at least {distinct} rows for {key_length} keys; "
+            what, unit = ("position_keys", "columns") if position_keys is not None else ("position_encoding", "rows")
+            raise ValueError(f"Expected `{what}` to have at least {distinct} {unit} for {key_length} keys; "
                              f"received {available}.")
+        if position_keys is not None:
+            return ops.cast(given[..., available - distinct:], self.compute_dtype)
         rows = given[available - distinct:]
-        if position_keys is None and self.position_projection:
-            r = self.project_positions(rows)
-        else:
-            r = ops.cast(rows, self.compute_dtype)
-        return ops.reshape(r, (-1, self.num_heads, self.head_dim))
+        if self.position_projection:
+            return self.project_positions(rows)
+        rows = ops.reshape(ops.cast(rows, self.compute_dtype), (-1, self.num_heads, self.head_dim))
+        return ops.transpose(rows, (1, 2, 0))
 
     def _heads(self, x):
         shape = ops.shape(x)
@@ -225,11 +234,11 @@ class RelativeAttention(keras.layers.Layer):
             window = _clamped_window(key_length, query_length, clamp_len)
             width, distinct = window or (key_length, key_length)
             r = self._position_keys(position_encoding, position_keys, key_length, distinct)
-            # Row c encodes distance width - c: the spare row in front (distance width, see
-            # relative_shift) and, with clamping, every distance past clamp_len.
-            front = r[:1] if window is None else ops.broadcast_to(
-                r[:1], (width + 1 - distinct, self.num_heads, self.head_dim))
-            r = ops.transpose(ops.concatenate([front, r], axis=0), (1, 2, 0))  # (H, Dh, width + 1)
+            # Column c encodes distance width - c: the spare column in front (distance
+            # width, see relative_shift) and, with clamping, every distance past clamp_len.
+            front = r[..., :1] if window is None else ops.broadcast_to(
+                r[..., :1], (self.num_heads, self.head_dim, width + 1 - distinct))
+            r = ops.concatenate([front, r], axis=-1)  # (H, Dh, width + 1)
             position_q = q if position_bias is None else q + scale * ops.cast(position_bias, q.dtype)[:, None, None]
             bias = None
             if position_score_bias is not None:

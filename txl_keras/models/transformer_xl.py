@@ -254,7 +254,7 @@ class TransformerXL(keras.Model):
 
     def project_positions(self, key_length, clamp_len=None):
         """Each layer's position keys for `key_length` keys (attn_type 0): `n_layer`
-        tensors `(position_key_length(key_length, clamp_len), n_head * d_head)`, the
+        tensors `(n_head, d_head, position_key_length(key_length, clamp_len))`, the
         `position_keys` of a call with at most `key_length` keys and this `clamp_len`
         (default: the config's)."""
         if self.config.attn_type != 0:

@@ -467,7 +467,7 @@ class Trainer:
             else:
                 memory = self._memory(settings.mem_len, batch)
             position_rows = model.backbone.position_key_length(settings.mem_len + tgt_len, settings.clamp_len)
-            positions = [state_variable("zeros", (position_rows, inner), model.compute_dtype,
+            positions = [state_variable("zeros", (settings.n_head, settings.d_head, position_rows), model.compute_dtype,
                                         f"position_keys_{i}") for i in range(settings.n_layer)] \
                 if keep_positions else None
         jit = self.eval_uses_xla
