@@ -6,6 +6,7 @@ from keras import ops
 
 import reference
 from txl_keras.layers import relative_attention
+from txl_keras.layers.key_value_memory import head_major
 from txl_keras.layers import (
     PositionalEmbedding,
     RelativeAttention,
@@ -50,10 +51,11 @@ def test_mask_matches_definition(t, m, window, valid):
 
 
 def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=False, clamped_call=False,
-                  position_keys=False):
+                  position_keys=False, context=None):
     """The layer against the brute force; `clamped_call` passes it `clamp_len` (it then
     scores the distinct distances only), `position_keys` the projected keys of only the
-    distances it needs (`clamp_len + 1` rows)."""
+    distances it needs (`clamp_len + 1` rows); `context` "time" or "head" passes the keys
+    and values of `[memory, h]` (`project_kv`) as `context_kv`, as they are or head-major."""
     rng = np.random.default_rng(1)
     layer = RelativeAttention(H, DH, pre_lnorm=pre_lnorm, layer_norm_epsilon=1e-5)
     h = rng.normal(size=(B, T, D)).astype("float32")
@@ -69,7 +71,11 @@ def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=Fals
         positions = dict(position_keys=layer.project_positions(pos[k - clamp_len - 1:]))
     if clamped_call:
         positions["clamp_len"] = clamp_len
-    got = to_np(layer(h, memory=mem, content_bias=u, position_bias=v, attention_mask=mask, **positions))
+    if context:
+        kv = layer.project_kv(h if mem is None else np.concatenate([mem, h], axis=1))
+        positions["context_kv"] = kv if context == "time" else tuple(ops.split(head_major(kv, H), 2, axis=0))
+    got = to_np(layer(h, memory=None if context else mem, content_bias=u, position_bias=v, attention_mask=mask,
+                      **positions))
     want = reference.relative_attention(
         h.astype(np.float64), None if mem is None else mem.astype(np.float64),
         attention_weights(layer), H, DH, u=u, v=v, clamp_len=clamp_len, window=window,
@@ -92,6 +98,12 @@ def test_attention_same_length_matches_brute_force():
 
 def test_attention_clamp_len_matches_brute_force():
     run_attention(mem_len=5, clamp_len=2)
+
+
+@pytest.mark.parametrize("context", ["time", "head"])
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_attention_of_given_keys_and_values_matches_brute_force(context, pre_lnorm):
+    run_attention(mem_len=5, window=5, valid=4, pre_lnorm=pre_lnorm, context=context)
 
 
 @pytest.mark.parametrize("mem_len,clamp_len,window,valid,position_keys", [

@@ -96,7 +96,8 @@ def test_cached_memory_keys_and_values_equal_recomputing_them(overrides):
     x = tokens(cfg, 2, 20)
     plain = cached = None
     # the memory held only as keys and values, in a ring written in place
-    ring = KeyValueMemory(cfg.mem_len, cfg.n_layer, 2 * cfg.n_head * cfg.d_head, 2, 5 - cfg.ext_len)
+    ring = KeyValueMemory(cfg.mem_len, cfg.n_layer, 2 * cfg.n_head * cfg.d_head, 2, 5 - cfg.ext_len,
+                          num_heads=cfg.n_head)
     if cfg.mem_init == "zeros":
         ring.reset(model.backbone.memory_kv([np.zeros((2, cfg.mem_len, cfg.d_model), "float32")] * cfg.n_layer),
                    cfg.mem_len)

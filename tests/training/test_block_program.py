@@ -23,7 +23,8 @@ def test_one_program_for_all_groups_of_blocks_equals_the_plain_backbone(changes,
     rng = np.random.default_rng(0)
     randomize(model, rng)
     batch, tgt_len, mem_len = 2, 4, 6
-    memory = KeyValueMemory(mem_len, config.n_layer, 2 * config.n_head * config.d_head, batch, tgt_len)
+    memory = KeyValueMemory(mem_len, config.n_layer, 2 * config.n_head * config.d_head, batch, tgt_len,
+                            num_heads=config.n_head)
     n = config.n_layer
     # A ring that has wrapped: its oldest row is not in slot 0.
     memory.reset([rng.normal(size=(batch, mem_len, memory.width)).astype("float32") for _ in range(n)], 5)
@@ -56,9 +57,12 @@ def test_the_default_group_divides_the_blocks():
 def test_rings_shorter_than_the_memory_are_refused():
     config = TransformerXLConfig.from_preset("tiny")
     model = TransformerXL(config)
-    rings = [np.zeros((1, 4, 2 * config.n_head * config.d_head), "float32")] * config.n_layer
+    rings = [np.zeros((2 * config.n_head, 1, 4, config.d_head), "float32")] * config.n_layer
     with pytest.raises(ValueError, match="rings hold 4 rows, fewer than mem_len=6"):
         model(np.zeros((1, 2), "int32"), memory_kv=rings, memory_kv_offset=0, mem_len=6)
+    time_major = [np.zeros((1, 6, 2 * config.n_head * config.d_head), "float32")] * config.n_layer
+    with pytest.raises(ValueError, match="head-major"):  # rings are read as KeyValueMemory stores them
+        model(np.zeros((1, 2), "int32"), memory_kv=time_major, memory_kv_offset=0, mem_len=6)
     with pytest.raises(ValueError, match="without `mems`"):
         model(np.zeros((1, 2), "int32"), mems=[np.zeros((1, 4, config.d_model), "float32")] * config.n_layer,
               memory_kv=rings, memory_kv_offset=0)

@@ -11,11 +11,27 @@ from txl_keras.layers.memory_cache import state_variable
 MAX_WRITES = 8  # in-place writes per ring and segment, at most (see KeyValueMemory)
 
 
+def head_major(kv, num_heads):
+    """Keys and values `(batch_size, L, 2 * H * Dh)` (keys first) -> `(2 * H, batch_size,
+    L, Dh)`: the keys' heads, then the values', the layout the attention multiplies."""
+    shape = ops.shape(kv)
+    split = ops.reshape(kv, (shape[0], shape[1], 2 * num_heads, shape[2] // (2 * num_heads)))
+    return ops.transpose(split, (2, 0, 1, 3))
+
+
+def time_major(kv):
+    """The inverse of `head_major`: `(2 * H, batch_size, L, Dh)` -> `(batch_size, L,
+    2 * H * Dh)`."""
+    shape = ops.shape(kv)
+    return ops.reshape(ops.transpose(kv, (1, 2, 0, 3)), (shape[1], shape[2], shape[0] * shape[3]))
+
+
 def ring_rows(ring, offset, mem_len):
-    """The last `mem_len` rows of a ring buffer `(batch_size, capacity, width)` whose
-    oldest row is at slot `offset`, in time order: `(batch_size, mem_len, width)`."""
-    capacity = ring.shape[1]
-    return ops.roll(ring, -offset, axis=1)[:, capacity - mem_len:]
+    """The last `mem_len` rows of a head-major ring buffer `(2 * H, batch_size,
+    capacity, Dh)` whose oldest row is at slot `offset`, in time order: `(2 * H,
+    batch_size, mem_len, Dh)`."""
+    capacity = ring.shape[2]
+    return ops.roll(ring, -offset, axis=2)[:, :, capacity - mem_len:]
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -29,7 +45,11 @@ class KeyValueMemory(keras.layers.Layer):
     1,600 rows every segment moves the whole memory; here a segment overwrites only the
     slots of the oldest rows: `append` is an in-place update of `segment_length` rows
     when compiled by itself (XLA aliases the variables), and `read` returns the rows in
-    time order (a rotation that XLA fuses into the attention's use of them).
+    time order (a rotation that XLA fuses into the attention's use of them). The rings
+    are head-major, `(2 * num_heads, batch_size, capacity, head_dim)`, the layout the
+    attention multiplies (`head_major`): read as they are stored, they are not
+    transposed every segment (a copy of the whole memory per layer: 45 MB at wt103's
+    evaluation at batch 8).
 
     Each ring holds `capacity = mem_len` rows: a segment is written in pieces of `g =
     gcd(mem_len, segment_length)` rows, one in-place write each, and as every slot
@@ -46,14 +66,16 @@ class KeyValueMemory(keras.layers.Layer):
         width: int, `2 * n_head * d_head` (keys then values).
         batch_size: int, the per-replica batch size.
         segment_length: int > 0, rows added by every `append`.
+        num_heads: int > 0, `n_head` (dividing `width / 2`): the rings' layout.
         **kwargs: base layer arguments (`name`, `dtype`).
 
     Methods:
         read(): `(kvs, valid)`, `num_layers` tensors `(batch_size, mem_len, width)`, oldest
             row first, and the int32 count of valid (most recent) rows.
-        read_rings(): `(rings, offset, valid)`, the rings `(batch_size, capacity,
-            width)` as stored and the slot of their oldest row (`ring_rows` orders one),
-            for a model that reads each layer's ring only when it runs that layer.
+        read_rings(): `(rings, offset, valid)`, the rings `(2 * num_heads,
+            batch_size, capacity, head_dim)` as stored and the slot of their oldest row
+            (`ring_rows` orders one), for a model that reads each layer's ring only when
+            it runs that layer.
         append(segment_kv, valid): store `num_layers` tensors `(batch_size,
             segment_length, width)` as the newest rows, and the new count.
         reset(kvs=None, valid=0): start again from `kvs` (`num_layers` tensors
@@ -67,12 +89,17 @@ class KeyValueMemory(keras.layers.Layer):
     ([0.0, 1.0, 1.0], 2)
     """
 
-    def __init__(self, mem_len, num_layers, width, batch_size, segment_length, **kwargs):
+    def __init__(self, mem_len, num_layers, width, batch_size, segment_length, num_heads=1, **kwargs):
         super().__init__(**kwargs)
         for name, value in (("mem_len", mem_len), ("num_layers", num_layers), ("width", width),
-                            ("batch_size", batch_size), ("segment_length", segment_length)):
+                            ("batch_size", batch_size), ("segment_length", segment_length),
+                            ("num_heads", num_heads)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"Expected `{name}` to be a positive integer. Received: {name}={value!r}")
+        if width % (2 * num_heads):
+            raise ValueError(f"Expected `width` (keys and values, 2 * num_heads * head_dim) to be a multiple "
+                             f"of 2 * num_heads = {2 * num_heads}. Received: width={width}")
+        self.num_heads = num_heads
         self.mem_len = mem_len
         self.num_layers = num_layers
         self.width = width
@@ -89,7 +116,7 @@ class KeyValueMemory(keras.layers.Layer):
 
     @tracking.no_automatic_dependency_tracking
     def _create_state_variables(self):
-        shape = (self.batch_size, self.capacity, self.width)
+        shape = (2 * self.num_heads, self.batch_size, self.capacity, self.width // (2 * self.num_heads))
         self.rings = [state_variable("zeros", shape, self.compute_dtype, f"ring_{i}")
                       for i in range(self.num_layers)]
         self.offset = state_variable(0, (), "int32", "offset")
@@ -101,7 +128,7 @@ class KeyValueMemory(keras.layers.Layer):
 
     def read(self):
         offset = self.offset.value
-        return [ring_rows(ring.value, offset, self.mem_len) for ring in self.rings], self.valid.value
+        return [time_major(ring_rows(ring.value, offset, self.mem_len)) for ring in self.rings], self.valid.value
 
     def read_rings(self):
         return [ring.value for ring in self.rings], self.offset.value, self.valid.value
@@ -114,10 +141,10 @@ class KeyValueMemory(keras.layers.Layer):
                     f"Expected segment keys and values of shape (batch_size, {self.segment_length}, "
                     f"{self.width}). Received shape {tuple(rows.shape)}"
                 )
-            value, rows = ring.value, ops.cast(rows, ring.dtype)
+            value, rows = ring.value, head_major(ops.cast(rows, ring.dtype), self.num_heads)
             for start in range(0, self.segment_length, self.piece):  # in time order: later rows win
                 slot = (offset + start) % self.capacity
-                value = ops.slice_update(value, [0, slot, 0], rows[:, start:start + self.piece])
+                value = ops.slice_update(value, [0, 0, slot, 0], rows[:, :, start:start + self.piece])
             ring.assign(value)
         self.offset.assign((offset + self.segment_length) % self.capacity)
         self.valid.assign(ops.cast(valid, "int32"))
@@ -128,7 +155,8 @@ class KeyValueMemory(keras.layers.Layer):
             rows = ops.zeros(ring.shape, ring.dtype)
             if kvs is not None:
                 start = self.capacity - self.mem_len
-                rows = ops.concatenate([rows[:, :start], ops.cast(kvs[i], ring.dtype)], axis=1)
+                given = head_major(ops.cast(kvs[i], ring.dtype), self.num_heads)
+                rows = ops.concatenate([rows[:, :, :start], given], axis=2)
             ring.assign(rows)
         self.offset.assign(0)
         self.valid.assign(ops.cast(valid, "int32"))
@@ -141,5 +169,6 @@ class KeyValueMemory(keras.layers.Layer):
             "width": self.width,
             "batch_size": self.batch_size,
             "segment_length": self.segment_length,
+            "num_heads": self.num_heads,
         })
         return config

@@ -73,7 +73,9 @@ class RelativeAttention(keras.layers.Layer):
         position_score_bias: optional `(K, H)`, `b` (attn_type 1).
         attention_mask: optional boolean `(T, K)`, True where allowed.
         context_kv: optional `(batch_size, K, 2 * H * Dh)`, the keys and values of
-            `[memory, inputs]` (`project_kv` of each row); `memory` is then not projected.
+            `[memory, inputs]` (`project_kv` of each row), or the same head-major, a
+            pair `(keys, values)` of `(H, batch_size, K, Dh)` (`head_major`), the layout
+            the scores multiply; `memory` is then not projected.
         position_keys: optional `(H, Dh, K')`, the projected sinusoid encoding of
             distances `K' - 1, ..., 0` (`project_positions`), used instead of projecting
             `position_encoding` (it does not change between segments while the weights
@@ -212,8 +214,11 @@ class RelativeAttention(keras.layers.Layer):
                     [self._norm(memory) if self.pre_lnorm else memory, query_input], axis=1
                 )
             context_kv = ops.matmul(context, kv_kernel)
-        k, v = ops.split(ops.cast(context_kv, self.compute_dtype), 2, axis=-1)
-        k, v = self._heads(k), self._heads(v)
+        if isinstance(context_kv, (tuple, list)):  # head-major already
+            keys, values = (ops.cast(x, self.compute_dtype) for x in context_kv)
+        else:
+            keys, values = (ops.transpose(self._heads(x), (2, 0, 1, 3))
+                            for x in ops.split(ops.cast(context_kv, self.compute_dtype), 2, axis=-1))
 
         # Scores are laid out (heads, batch, T, K): the position scores, shared across the
         # batch, are then one (batch * T, Dh) x (Dh, K + 1) product per head, written in
@@ -222,10 +227,8 @@ class RelativeAttention(keras.layers.Layer):
         scale = ops.cast(1.0 / self.head_dim**0.5, q.dtype)
         q = ops.transpose(q, (2, 0, 1, 3)) * scale  # (H, B, T, Dh)
         batch, query_length = ops.shape(q)[1], ops.shape(q)[2]
-        key_length = ops.shape(k)[1]
+        key_length = ops.shape(keys)[2]  # keys and values (H, B, K, Dh)
         content_q = q if content_bias is None else q + scale * ops.cast(content_bias, q.dtype)[:, None, None]
-        keys = ops.transpose(k, (2, 0, 3, 1))  # (H, B, Dh, K)
-        values = ops.transpose(v, (2, 0, 1, 3))  # (H, B, K, Dh)
         position = None
         if position_keys is not None or position_encoding is not None:
             if clamp_len is not None and position_score_bias is not None:
@@ -277,13 +280,15 @@ class RelativeAttention(keras.layers.Layer):
         return self._norm(inputs + output)
 
     def _attend(self, content_q, keys, values, mask, position, training):
-        """Attention of some heads `h`: queries `(h, B, T, Dh)`, keys `(h, B, Dh, K)`,
+        """Attention of some heads `h`: queries `(h, B, T, Dh)`, keys `(h, B, K, Dh)`,
         values `(h, B, K, Dh)`, `position` None or `(position queries (h, B, T, Dh),
         position keys (h, Dh, width + 1), score bias (h, width + 1) or None, width)` ->
         `(h, B, T, Dh)`."""
         heads, batch, query_length = ops.shape(content_q)[0], ops.shape(content_q)[1], ops.shape(content_q)[2]
-        key_length = ops.shape(keys)[-1]
-        scores = ops.matmul(content_q, keys)  # (h, B, T, K)
+        key_length = ops.shape(keys)[2]
+        # (h, B, T, K); the transpose is the product's operand order, not a copy (XLA and
+        # TensorFlow's graph optimizer fold it into the product).
+        scores = ops.matmul(content_q, ops.swapaxes(keys, -1, -2))
         if position is not None:
             position_q, r, bias, width = position
             position_q = ops.reshape(position_q, (heads, -1, self.head_dim))

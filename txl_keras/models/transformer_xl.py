@@ -6,7 +6,7 @@ from keras import ops
 
 from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.attention_mask import causal_attention_mask
-from txl_keras.layers.key_value_memory import ring_rows
+from txl_keras.layers.key_value_memory import head_major, ring_rows
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.relative_attention import distinct_distances
@@ -79,8 +79,9 @@ class TransformerXL(keras.Model):
             projected position encoding, computed once while the weights do not change
             (attn_type 0) instead of in every call.
         memory_kv_offset: optional int32 scalar: `memory_kv` are then the ring buffers
-            of a `KeyValueMemory` (`read_rings()`), of at least `mem_len` rows, and this
-            the slot of the oldest row. Each layer puts its ring in time order
+            of a `KeyValueMemory` (`read_rings()`: head-major, `(2 * n_head,
+            batch_size, capacity, d_head)`), of at least `mem_len` rows, and this the
+            slot of the oldest row. Each layer puts its ring in time order
             (`ring_rows`) as it runs, so no ordered copy of the whole memory is made.
         block_program: optional callable that runs the blocks as `run_blocks(hidden,
             layers, static)` would (e.g. `SharedBlockProgram`: one compiled program that
@@ -283,6 +284,16 @@ class TransformerXL(keras.Model):
             raise ValueError("cache_kv/memory_kv need a stateless model (stateful=False).")
         if memory_kv is None:
             return
+        if ring:
+            heads = (2 * c.n_head, c.d_head)
+            if not isinstance(memory_kv, (list, tuple)) or len(memory_kv) != c.n_layer or any(
+                    len(kv.shape) != 4 or (kv.shape[0], kv.shape[3]) != heads for kv in memory_kv):
+                shapes = [tuple(kv.shape) for kv in memory_kv] if isinstance(memory_kv, (list, tuple)) \
+                    else type(memory_kv).__name__
+                raise ValueError(f"Expected the memory_kv rings to be n_layer={c.n_layer} head-major tensors "
+                                 f"({heads[0]}, batch_size, capacity, {c.d_head}) of KeyValueMemory.read_rings(). "
+                                 f"Received {shapes}")
+            return
         width = 2 * c.n_head * c.d_head
         length = (memory_kv[0].shape[1] if isinstance(memory_kv, (list, tuple)) and memory_kv else None) \
             if mems is None else mems[0].shape[1]
@@ -307,7 +318,7 @@ class TransformerXL(keras.Model):
         if cache_kv:
             self._check_memory_kv(memory_kv, mems, ring=memory_kv_offset is not None)
         settings = self.config.with_memory(mem_len, clamp_len, same_length)
-        capacity = memory_kv[0].shape[1] if memory_kv_offset is not None else None
+        capacity = memory_kv[0].shape[2] if memory_kv_offset is not None else None
         if capacity is not None and capacity < settings.mem_len:
             raise ValueError(f"The memory_kv rings hold {capacity} rows, fewer than mem_len={settings.mem_len}.")
         if mem_len is not None and self.stateful and mem_len != self.config.mem_len:
@@ -409,16 +420,25 @@ class TransformerXL(keras.Model):
         what attn_type 3 adds to its input (else None)."""
         if absolute is not None:
             hidden = hidden + absolute
-        if memory_kv is not None and memory_kv_offset is not None:
-            memory_kv = ring_rows(memory_kv, memory_kv_offset, mem_len)
         kwargs = dict(positions)
         if clamp_len is not None:
             kwargs["clamp_len"] = clamp_len
         current_kv = None
         if cache_kv:
             current_kv = block.attention.project_kv(hidden)
-            kwargs["context_kv"] = current_kv if memory_kv is None else ops.concatenate(
-                [ops.cast(memory_kv, self.compute_dtype), current_kv], axis=1)
+            if memory_kv is None:
+                kwargs["context_kv"] = current_kv
+            elif memory_kv_offset is not None:  # a head-major ring: keys and values as the scores take them
+                # (each part rotated by itself: one rotation of the whole ring read twice
+                # would be a copy of it, where XLA fuses each into its concatenation)
+                heads = self.config.n_head
+                current = head_major(current_kv, heads)
+                kwargs["context_kv"] = tuple(
+                    ops.concatenate([ops.cast(ring_rows(memory_kv[part], memory_kv_offset, mem_len),
+                                              self.compute_dtype), current[part]], axis=2)
+                    for part in (slice(0, heads), slice(heads, 2 * heads)))
+            else:
+                kwargs["context_kv"] = ops.concatenate([ops.cast(memory_kv, self.compute_dtype), current_kv], axis=1)
         return block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs), current_kv
 
     def _position_rows(self, positions, key_length, clamp_len):

@@ -463,7 +463,8 @@ class Trainer:
         with self.strategy.scope():
             if cache_kv:
                 memory = KeyValueMemory(settings.mem_len, settings.n_layer, 2 * inner, batch,
-                                        tgt_len - settings.ext_len, dtype=self.tc.precision)
+                                        tgt_len - settings.ext_len, num_heads=settings.n_head,
+                                        dtype=self.tc.precision)
             else:
                 memory = self._memory(settings.mem_len, batch)
             position_rows = model.backbone.position_key_length(settings.mem_len + tgt_len, settings.clamp_len)
