@@ -65,3 +65,12 @@ def test_bad_arguments_are_refused():
         memory.append([np.zeros((1, 3, 2), "float32")], 3)
     config = memory.get_config()
     assert KeyValueMemory.from_config(config).capacity == 4 and config["segment_length"] == 2
+
+
+def test_reset_broadcasts_one_row_to_every_slot():
+    row = np.random.default_rng(2).normal(size=(2, 1, 4)).astype("float32")
+    memory = KeyValueMemory(5, num_layers=1, width=4, batch_size=2, segment_length=2, num_heads=2)
+    memory.reset([row], 5)
+    kvs, valid = memory.read()
+    np.testing.assert_array_equal(to_np(kvs[0]), np.repeat(row, 5, axis=1))
+    assert int(valid) == 5

@@ -79,7 +79,8 @@ class KeyValueMemory(keras.layers.Layer):
         append(segment_kv, valid): store `num_layers` tensors `(batch_size,
             segment_length, width)` as the newest rows, and the new count.
         reset(kvs=None, valid=0): start again from `kvs` (`num_layers` tensors
-            `(batch_size, mem_len, width)`, zeros if None).
+            `(batch_size, mem_len, width)`, or rows broadcast to it such as
+            `(batch_size, 1, width)`, one row for every slot; zeros if None).
 
     Example:
     >>> memory = KeyValueMemory(mem_len=3, num_layers=1, width=2, batch_size=1, segment_length=2)
@@ -155,7 +156,9 @@ class KeyValueMemory(keras.layers.Layer):
             rows = ops.zeros(ring.shape, ring.dtype)
             if kvs is not None:
                 start = self.capacity - self.mem_len
+                # (laid out before broadcasting: one row for every slot stays one row)
                 given = head_major(ops.cast(kvs[i], ring.dtype), self.num_heads)
+                given = ops.broadcast_to(given, tuple(ring.shape[:2]) + (self.mem_len, ring.shape[3]))
                 rows = ops.concatenate([rows[:, :, :start], given], axis=2)
             ring.assign(rows)
         self.offset.assign(0)

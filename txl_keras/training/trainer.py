@@ -516,8 +516,7 @@ class Trainer:
                 kvs = None
                 if zero_init:
                     zero = tf.zeros((batch, 1, settings.d_model), self.model.compute_dtype)
-                    rows = model.backbone.memory_kv([zero] * settings.n_layer)
-                    kvs = [tf.broadcast_to(row, (batch, settings.mem_len, row.shape[-1])) for row in rows]
+                    kvs = model.backbone.memory_kv([zero] * settings.n_layer)  # one row for every slot
                 memory.reset(kvs, valid)
             else:
                 memory.reset()
