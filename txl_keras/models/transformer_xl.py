@@ -284,28 +284,25 @@ class TransformerXL(keras.Model):
             raise ValueError("cache_kv/memory_kv need a stateless model (stateful=False).")
         if memory_kv is None:
             return
+        listed = isinstance(memory_kv, (list, tuple))
         if ring:
             heads = (2 * c.n_head, c.d_head)
-            if not isinstance(memory_kv, (list, tuple)) or len(memory_kv) != c.n_layer or any(
-                    len(kv.shape) != 4 or (kv.shape[0], kv.shape[3]) != heads for kv in memory_kv):
-                shapes = [tuple(kv.shape) for kv in memory_kv] if isinstance(memory_kv, (list, tuple)) \
-                    else type(memory_kv).__name__
-                raise ValueError(f"Expected the memory_kv rings to be n_layer={c.n_layer} head-major tensors "
-                                 f"({heads[0]}, batch_size, capacity, {c.d_head}) of KeyValueMemory.read_rings(). "
-                                 f"Received {shapes}")
-            return
-        width = 2 * c.n_head * c.d_head
-        length = (memory_kv[0].shape[1] if isinstance(memory_kv, (list, tuple)) and memory_kv else None) \
-            if mems is None else mems[0].shape[1]
-        if not isinstance(memory_kv, (list, tuple)) or len(memory_kv) != c.n_layer or any(
-            len(kv.shape) != 3 or kv.shape[2] != width or (kv.shape[1] != length and not ring) for kv in memory_kv
-        ):
-            shapes = [tuple(kv.shape) for kv in memory_kv] if isinstance(memory_kv, (list, tuple)) \
-                else type(memory_kv).__name__
-            raise ValueError(
-                f"Expected `memory_kv` to be the list of n_layer={c.n_layer} tensors (batch_size, "
-                f"M={length}, {width}) returned in out['memory_kv'] with these mems. Received {shapes}"
-            )
+            expected = f"the memory_kv rings to be n_layer={c.n_layer} head-major tensors ({heads[0]}, " \
+                       f"batch_size, capacity, {c.d_head}) of KeyValueMemory.read_rings()"
+
+            def fits(kv):
+                return len(kv.shape) == 4 and (kv.shape[0], kv.shape[3]) == heads
+        else:
+            width = 2 * c.n_head * c.d_head
+            length = (memory_kv[0].shape[1] if listed and memory_kv else None) if mems is None else mems[0].shape[1]
+            expected = f"`memory_kv` to be the list of n_layer={c.n_layer} tensors (batch_size, M={length}, " \
+                       f"{width}) returned in out['memory_kv'] with these mems"
+
+            def fits(kv):
+                return len(kv.shape) == 3 and kv.shape[2] == width and kv.shape[1] == length
+        if not listed or len(memory_kv) != c.n_layer or not all(fits(kv) for kv in memory_kv):
+            shapes = [tuple(kv.shape) for kv in memory_kv] if listed else type(memory_kv).__name__
+            raise ValueError(f"Expected {expected}. Received {shapes}")
 
     def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None,
              same_length=None, memory_valid=None, cache_kv=False, memory_kv=None, position_keys=None,
