@@ -520,16 +520,20 @@ class Trainer:
                 memory.reset(kvs, valid)
             else:
                 memory.reset()
-            if keep_positions:
-                keys = model.backbone.project_positions(settings.mem_len + tgt_len, settings.clamp_len)
-                for variable, value in zip(positions, keys):
-                    variable.assign(value)
+
+        def project_positions():
+            keys = model.backbone.project_positions(settings.mem_len + tgt_len, settings.clamp_len)
+            for variable, value in zip(positions, keys):
+                variable.assign(value)
 
         compiled_reset = tf.function(reset, jit_compile=True) if jit else reset
+        project_positions = tf.function(project_positions, jit_compile=self.compiled) if keep_positions else None
 
         def start():
             # An argument made in the replica's context places the compiled call on its device.
             compiled_reset(tf.constant(settings.mem_len if settings.mem_init == "zeros" else 0, tf.int32))
+            if keep_positions:
+                project_positions()
 
         def summed(nll, mask):
             # float32 sums per batch, int32 counts (TPUs have no float64); the host adds
