@@ -1,12 +1,12 @@
 import keras
 import numpy as np
 import pytest
-from conftest import randomize, to_np
+from conftest import gradient, randomize, to_np
 from keras import ops
 
 import reference
 from txl_keras.layers import AdaptiveEmbedding, AdaptiveSoftmax
-from txl_keras.layers.adaptive_softmax import row_blocks
+from txl_keras.layers.adaptive_softmax import row_blocks, sparse_nll
 
 V, E, D = 20, 8, 6
 
@@ -99,6 +99,47 @@ def test_nll_without_gradients_taken_piece_by_piece_matches_reference(case, tail
         spec = tf.TensorSpec((None, 7, D), "float32"), tf.TensorSpec((None, 7), "int32")
         lean = tf.function(lambda h, t: soft(h, t, training=False), input_signature=spec)
         np.testing.assert_allclose(lean(h, targets).numpy(), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [5, 0])
+def test_sparse_nll_and_its_gradient_match_numpy(rows):
+    rng = np.random.default_rng(7)
+    # large logits with a large offset per row: a naive exp would overflow
+    logits = (rng.normal(size=(rows, 9)) * 30 + rng.normal(size=(rows, 1)) * 500).astype("float32")
+    targets = rng.integers(0, 9, size=(rows,)).astype("int32")
+    weights = rng.uniform(0.5, 2.0, size=(rows,)).astype("float32")  # an upstream gradient that is not 1
+    x = logits.astype(np.float64)
+    want = -reference.log_softmax(x)[np.arange(rows), targets]
+    np.testing.assert_allclose(to_np(sparse_nll(logits, targets)), want, rtol=1e-5, atol=1e-3)
+    want_grad = weights[:, None] * (reference.softmax(x) - np.eye(9)[targets])
+    got = gradient(lambda v: sparse_nll(ops.multiply(v, 1.0), targets) * weights, logits)  # (a tensor, not TF's variable)
+    assert got.shape == (rows, 9)
+    np.testing.assert_allclose(got, want_grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES[1:3] + CASES[5:])
+@pytest.mark.parametrize("tail_mode", ["gather", "dense"])
+def test_nll_gradient_matches_finite_differences_of_the_reference(case, tail_mode):
+    emb, soft = make_pair(**case, tail_mode=tail_mode)
+    rng = np.random.default_rng(8)
+    h = rng.normal(size=(12, D)).astype("float32")
+    targets = rng.integers(0, V, size=(12,)).astype("int32")
+    targets[:3] = V - 1  # the last cluster has tokens
+    weights = rng.uniform(0.5, 2.0, size=(12,))
+    clusters, cw, cb = reference_clusters(emb, soft)
+
+    def loss(x):  # the weighted NLL in float64, the numpy reference
+        log_probs = reference.adaptive_log_probs(x, clusters, cw, cb, case["cutoffs"], V, case.get("order", "tf"))
+        return -(log_probs[np.arange(12), targets] * weights).sum()
+
+    eps, base = 1e-5, h.astype(np.float64)
+    want = np.zeros_like(base)
+    for index in np.ndindex(*base.shape):
+        step = np.zeros_like(base)
+        step[index] = eps
+        want[index] = (loss(base + step) - loss(base - step)) / (2 * eps)
+    got = gradient(lambda v: soft(v, targets) * weights.astype("float32"), h)
+    np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_no_cutoffs_is_a_plain_softmax():

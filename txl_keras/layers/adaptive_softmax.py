@@ -46,6 +46,34 @@ def row_blocks(table, low, high):
     return blocks
 
 
+def sparse_nll(logits, targets):
+    """`-log softmax(logits)[target]` of each row: float logits `(n, V)` and int32
+    targets `(n,)` in `[0, V)` -> `(n,)`, with the gradient `upstream * (softmax -
+    one_hot(target))` written out: the softmax's `exp` kept from the forward pass, then
+    one scatter at the targets. (TensorFlow's fused sparse cross-entropy kernel takes
+    1.6-2x as long for the same forward and backward on a CPU: its passes over the
+    logits are not vectorised as the elementwise kernels are.)"""
+
+    @ops.custom_gradient
+    def nll(logits):
+        # (with `initial`, no rows is no error: a tail cluster without tokens in a batch)
+        top = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True, initial=float("-inf")))
+        exp = ops.exp(logits - top)
+        total = ops.sum(exp, axis=-1)
+        picked = ops.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+
+        def grad(*args, upstream=None):  # (TF and JAX pass `upstream` first, PyTorch by name)
+            upstream = args[0] if upstream is None else upstream
+            softmax_part = exp * (upstream / total)[:, None]
+            rows = ops.arange(ops.shape(targets)[0], dtype="int32")
+            at_targets = ops.take_along_axis(softmax_part, targets[:, None], axis=-1)[:, 0]
+            return ops.scatter_update(softmax_part, ops.stack([rows, targets], axis=1), at_targets - upstream)
+
+        return ops.log(total) + top[:, 0] - picked, grad
+
+    return nll(ops.convert_to_tensor(logits))
+
+
 def _after(x, value):
     """`x`, computed only once `value` is: `x` plus a zero that depends on `value` (`sum >
     inf` is False whatever the values, NaN and inf included). A graph executor runs
@@ -266,10 +294,9 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return ops.log_softmax(self._logits_of(hidden, blocks, bias, proj), axis=-1)
 
     def _nll_of(self, hidden, targets, blocks, bias, proj):
-        # A fused cross-entropy (one kernel on TF, whose gradient is softmax - one_hot);
-        # picking log-probs with take_along_axis costs a scatter over all logits instead.
-        logits = self._logits_of(hidden, blocks, bias, proj)
-        return ops.sparse_categorical_crossentropy(targets, logits, from_logits=True)
+        # Its gradient is softmax - one_hot (`sparse_nll`); picking log-probs with
+        # take_along_axis would cost a scatter over all logits instead.
+        return sparse_nll(self._logits_of(hidden, blocks, bias, proj), targets)
 
     def _pieces(self, i, n):
         """Cluster `i`'s vocabulary in pieces for `_lean_nll`: `(row blocks, bias, first
