@@ -359,7 +359,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         for i in range(1, self.n_clusters):
             in_cluster = ops.logical_and(targets >= self.bounds[i], targets < self.bounds[i + 1])
             head_targets = ops.where(in_cluster, self.head_column(i), head_targets)
-        # With gradients, the fused cross-entropy (its gradient is softmax - one_hot); without,
+        # With gradients, `sparse_nll` (its gradient is softmax - one_hot, written out); without,
         # the vocabulary piece by piece, in a fraction of the memory.
         lean = training is False
         if lean:
