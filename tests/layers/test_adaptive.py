@@ -112,7 +112,7 @@ def test_sparse_nll_and_its_gradient_match_numpy(rows):
     want = -reference.log_softmax(x)[np.arange(rows), targets]
     np.testing.assert_allclose(to_np(sparse_nll(logits, targets)), want, rtol=1e-5, atol=1e-3)
     want_grad = weights[:, None] * (reference.softmax(x) - np.eye(9)[targets])
-    got = gradient(lambda v: sparse_nll(ops.multiply(v, 1.0), targets) * weights, logits)  # (a tensor, not TF's variable)
+    got = gradient(lambda v: ops.multiply(sparse_nll(ops.multiply(v, 1.0), targets), weights), logits)  # (v * 1: a tensor, not TF's variable)
     assert got.shape == (rows, 9)
     np.testing.assert_allclose(got, want_grad, atol=1e-5)
 
@@ -138,7 +138,7 @@ def test_nll_gradient_matches_finite_differences_of_the_reference(case, tail_mod
         step = np.zeros_like(base)
         step[index] = eps
         want[index] = (loss(base + step) - loss(base - step)) / (2 * eps)
-    got = gradient(lambda v: soft(v, targets) * weights.astype("float32"), h)
+    got = gradient(lambda v: ops.multiply(soft(v, targets), weights.astype("float32")), h)
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 

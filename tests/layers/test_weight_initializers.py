@@ -65,7 +65,10 @@ def test_large_tables_are_independent_draws_of_the_distribution(monkeypatch, bas
     assert abs(table.mean() - expected[0]) < 0.1 * expected[1] + 0.02
     assert abs(table.std() / expected[1] - 1) < 0.05
     if isinstance(base, keras.initializers.TruncatedNormal):
-        assert np.abs(table).max() <= 2.0
+        outside = (np.abs(table) > 2.0).mean()
+        # Keras's PyTorch sampler keeps the first of 4 normal draws inside [-2, 2], or the
+        # last when none is (a chance of 4e-6 per value)
+        assert outside <= (1e-3 if keras.config.backend() == "torch" else 0.0)
 
 
 @pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TensorFlow's graph draw")

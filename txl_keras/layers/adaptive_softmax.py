@@ -79,7 +79,7 @@ def _after(x, value):
     inf` is False whatever the values, NaN and inf included). A graph executor runs
     whatever is ready, so without it TensorFlow's computed the logits of every piece
     before reducing any: ~100 MB held at once for wt103 at 1,024 tokens, in some runs."""
-    return x + ops.cast(ops.sum(value) > float("inf"), x.dtype)
+    return ops.add(x, ops.cast(ops.sum(value) > float("inf"), x.dtype))
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -325,7 +325,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
             gate = gates[-PIECES_IN_FLIGHT]
             logits = self._projected_logits(x if gate is None else _after(x, gate), blocks, bias)
             width = logits.shape[-1]
-            top = ops.max(logits, axis=-1, initial=float("-inf"))  # (with `initial`, no tokens is no error)
+            # (with `initial`, no tokens is no error; kept dims: Keras's PyTorch max of no rows drops the axis)
+            top = ops.max(logits, axis=-1, keepdims=True, initial=float("-inf"))[:, 0]
             maxima.append(top)
             gates.append(top)
             sums.append(ops.sum(ops.exp(logits - top[:, None]), axis=-1))
