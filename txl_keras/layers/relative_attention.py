@@ -160,9 +160,9 @@ class RelativeAttention(keras.layers.Layer):
         `c` from row `c`: head-major, the layout the position scores multiply, so that
         keys projected once (`position_keys`) are not transposed again every call."""
         encoding = ops.cast(position_encoding, self.compute_dtype)
-        # (K, H * Dh) transposed after the product: XLA:CPU compiles a product of two
-        # transposed operands with ~100 MB more compiler and runtime memory at wt103's
-        # 16 layers (the evaluation's reset), for a transpose of only K * H * Dh values
+        # (K, H * Dh), transposed after the product: XLA:CPU compiled the product of two
+        # transposed operands with ~70 MB more compiler and runtime heap for wt103's 16
+        # layers; the transpose copies only K * H * Dh values
         keys = ops.transpose(ops.matmul(encoding, self.r_kernel))  # (H * Dh, K)
         return ops.reshape(keys, (self.num_heads, self.head_dim, -1))
 
