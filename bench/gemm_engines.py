@@ -6,15 +6,16 @@ Hugging Face port's and the original code's).
     python bench/gemm_engines.py --hf_python=/path/to/python-with-torch
 
 Each product is timed alone (float32, 2 threads, a fresh process per engine): `LOOP`
-products run in one call, each depending on the last, and the time of a call with one
-product is taken off, so that no engine pays for its call (a TensorFlow function's call
-costs ~0.4 ms, more than a 128-row product takes; timed per call, the 128-row products
-looked 2-3x slower on TensorFlow than on PyTorch). The products of one segment's 16
-blocks are then weighted into one rate per engine: ours (queries, keys and values of the
-segment's 128 rows only; the position keys and the memory's keys and values kept) and the
-port's (keys and values of all 1,728 rows and the position projection every segment).
-Inside a compiled program XLA also runs independent products side by side, so these rates
-compare the engines; they bound neither run.
+products run in one call, each depending on the last and followed by the sum of its
+result (on every engine), and the time of a call with one product is taken off, so that
+no engine pays for its call (a TensorFlow function's call costs ~0.4 ms, more than a
+128-row product takes; timed per call, the 128-row products looked 2-3x slower on
+TensorFlow than on PyTorch). The products of one segment's 16 blocks are then weighted
+into one rate per engine: ours (queries, keys and values of the segment's 128 rows only;
+the position keys and the memory's keys and values kept) and the port's (keys and values
+of all 1,728 rows and the position projection every segment). Inside a compiled program
+XLA also runs independent products side by side, so these rates compare the engines;
+they bound neither run.
 """
 
 import argparse
