@@ -19,6 +19,7 @@ they bound neither run.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -26,32 +27,45 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, run_worker  # noqa: E402
 
-T, K, WIDTH, D, H, DH, INNER, LAYERS = 128, 1728, 1129, 410, 10, 41, 2100, 16
-# name: (batch, m, k, n); the batched ones are per head
-PRODUCTS = {
-    "queries (128 rows)": (1, T, D, D),
-    "keys, values (128 rows)": (1, T, D, 2 * D),
-    "output projection": (1, T, D, D),
-    "feed-forward in": (1, T, D, INNER),
-    "feed-forward out": (1, T, INNER, D),
-    "content scores": (H, T, DH, K),
-    "position scores (clamped, 1,129 columns)": (H, T, DH, WIDTH),
-    "position scores (all 1,728 columns)": (H, T, DH, K),
-    "probabilities x values": (H, T, K, DH),
-    "queries, keys, values (1,728 rows)": (1, K, D, 3 * D),
-    "position projection (1,728 rows)": (1, K, D, D),
-}
 OURS = ["queries (128 rows)", "keys, values (128 rows)", "output projection", "feed-forward in",
-        "feed-forward out", "content scores", "position scores (clamped, 1,129 columns)", "probabilities x values"]
-PORT = ["queries, keys, values (1,728 rows)", "position projection (1,728 rows)", "output projection",
-        "feed-forward in", "feed-forward out", "content scores", "position scores (all 1,728 columns)",
+        "feed-forward out", "content scores", "position scores (clamped)", "probabilities x values"]
+PORT = ["queries, keys, values (all rows)", "position projection (all rows)", "output projection",
+        "feed-forward in", "feed-forward out", "content scores", "position scores (all columns)",
         "probabilities x values"]
 ENGINES = ("xla", "tf_graph", "torch")
 LOOP = 10  # products timed per call
 
 
-def flops(name):
-    batch, m, k, n = PRODUCTS[name]
+def segment_products():
+    """`(products, layers)`: each product of one block at the paper's wt103 evaluation
+    (`eval_throughput.EVAL_WT103`) at batch 1, name -> `(batch, m, k, n)` (the batched
+    ones per head), from the `wt103_base` preset."""
+    from eval_throughput import EVAL_WT103
+    from txl_keras.models.config import TransformerXLConfig
+
+    c = TransformerXLConfig.from_preset("wt103_base")
+    t, d, heads, dh = EVAL_WT103["tgt_len"], c.d_model, c.n_head, c.d_head
+    keys = EVAL_WT103["mem_len"] + t
+    # the position product's columns with clamping: the last clamp_len + T keys and a spare
+    clamped = min(keys, EVAL_WT103["clamp_len"] + t) + 1
+    products = {
+        "queries (128 rows)": (1, t, d, heads * dh),
+        "keys, values (128 rows)": (1, t, d, 2 * heads * dh),
+        "output projection": (1, t, heads * dh, d),
+        "feed-forward in": (1, t, d, c.d_inner),
+        "feed-forward out": (1, t, c.d_inner, d),
+        "content scores": (heads, t, dh, keys),
+        "position scores (clamped)": (heads, t, dh, clamped),
+        "position scores (all columns)": (heads, t, dh, keys),
+        "probabilities x values": (heads, t, keys, dh),
+        "queries, keys, values (all rows)": (1, keys, d, 3 * heads * dh),
+        "position projection (all rows)": (1, keys, d, heads * dh),
+    }
+    return products, c.n_layer
+
+
+def flops(shape):
+    batch, m, k, n = shape
     return 2 * batch * m * k * n
 
 
@@ -65,14 +79,20 @@ def best_ms(call, repeats):
     return min(times) * 1e3
 
 
-def tf_worker(jit, repeats):
+def per_product_ms(run, repeats):
+    """Milliseconds per product of `run(count)` (`count` dependent products in one call),
+    the call's own cost taken off."""
+    return (best_ms(lambda: run(1 + LOOP), repeats) - best_ms(lambda: run(1), repeats)) / LOOP
+
+
+def tf_worker(products, jit, repeats):
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(2)
 
-    def products(a, b, count):
+    def dependent_products(a, b, count):
         # `count` products in one program, each depending on the last (so that none is
         # hoisted out of the loop or run side by side with another), then one scalar back
         def body(i, carry):
@@ -80,35 +100,32 @@ def tf_worker(jit, repeats):
 
         return tf.while_loop(lambda i, _: i < count, body, (tf.constant(0), tf.constant(0.0)))[1]
 
-    run = tf.function(products, jit_compile=jit)
+    looped = tf.function(dependent_products, jit_compile=jit)
     result = {}
-    for name, (batch, m, k, n) in PRODUCTS.items():
+    for name, (batch, m, k, n) in products.items():
         lead = (batch,) if batch > 1 else ()
         a, b = tf.random.normal(lead + (m, k)), tf.random.normal(lead + (k, n))
-        one = best_ms(lambda: run(a, b, tf.constant(1)).numpy(), repeats)
-        many = best_ms(lambda: run(a, b, tf.constant(1 + LOOP)).numpy(), repeats)
-        result[name] = (many - one) / LOOP
+        result[name] = per_product_ms(lambda count: looped(a, b, tf.constant(count)).numpy(), repeats)
     return result
 
 
-def torch_worker(repeats):
+def torch_worker(products, repeats):
     import torch
 
     torch.set_num_threads(2)
     result = {}
     with torch.no_grad():
-        for name, (batch, m, k, n) in PRODUCTS.items():
+        for name, (batch, m, k, n) in products.items():
             lead = (batch,) if batch > 1 else ()
             a, b = torch.randn(*lead, m, k), torch.randn(*lead, k, n)
 
-            def run(count):
+            def dependent_products(count):
                 carry = torch.zeros(())
                 for _ in range(count):
                     carry = carry + torch.matmul(a + carry * 0.0, b).sum()
                 return float(carry)
 
-            one = best_ms(lambda: run(1), repeats)
-            result[name] = (best_ms(lambda: run(1 + LOOP), repeats) - one) / LOOP
+            result[name] = per_product_ms(dependent_products, repeats)
     return result
 
 
@@ -116,27 +133,34 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=ENGINES, help="run one worker (internal)")
     parser.add_argument("--hf_python", default=None, help="a Python with torch, for the PyTorch column")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=10, help="calls per timing, the best kept")
+    parser.add_argument("--products_json", help="the products (internal: main process -> workers)")
     args = parser.parse_args()
-    if args.engine == "torch":
-        return emit(torch_worker(args.repeats))
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.engine:
-        return emit(tf_worker(args.engine == "xla", args.repeats))
+        products = {name: tuple(shape) for name, shape in json.loads(args.products_json).items()}
+        if args.engine == "torch":
+            return emit(torch_worker(products, args.repeats))
+        return emit(tf_worker(products, args.engine == "xla", args.repeats))
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
-    worker = ["--repeats", str(args.repeats)]
+    products, layers = segment_products()
+    worker = ["--repeats", str(args.repeats), "--products_json", json.dumps(products)]
     times = {engine: run_worker(sys.executable, __file__, ["--engine", engine] + worker) for engine in ENGINES[:2]}
     if args.hf_python:
         times["torch"] = run_worker(args.hf_python, __file__, ["--engine", "torch"] + worker)
     print("GFLOP/s per product (float32, 2 threads):")
-    print(f"{'product':>42} {'(batch, m, k, n)':>24} " + " ".join(f"{e:>9}" for e in times))
-    for name, shape in PRODUCTS.items():
-        rates = " ".join(f"{flops(name) / times[e][name] / 1e6:9.1f}" for e in times)
-        print(f"{name:>42} {str(shape):>24} {rates}")
+    print(f"{'product':>34} {'(batch, m, k, n)':>24} " + " ".join(f"{e:>9}" for e in times))
+    for name, shape in products.items():
+        rates = " ".join(f"{flops(shape) / times[e][name] / 1e6:9.1f}" for e in times)
+        print(f"{name:>34} {str(shape):>24} {rates}")
+    segment = {}  # label -> the GFLOP of one segment's products
     for label, names in (("ours", OURS), ("the port's", PORT)):
-        total = sum(map(flops, names)) * LAYERS
-        rates = ", ".join(f"{e} {total / (sum(times[e][n] for n in names) * LAYERS) / 1e6:.0f}" for e in times)
-        print(f"{label} products of one segment ({LAYERS} blocks, {total / 1e9:.1f} GFLOP), GFLOP/s: {rates}")
-    print(f"FLOP ratio, the port's to ours: {sum(map(flops, PORT)) / sum(map(flops, OURS)):.2f}x")
+        segment[label] = sum(flops(products[n]) for n in names) * layers
+        rates = ", ".join(f"{e} {segment[label] / (sum(times[e][n] for n in names) * layers) / 1e6:.0f}" for e in times)
+        print(f"{label} products of one segment ({layers} blocks, {segment[label] / 1e9:.1f} GFLOP), GFLOP/s: {rates}")
+    ratio = segment["the port's"] / segment["ours"]
+    print(f"FLOP ratio, the port's to ours: {ratio:.2f}x")
 
 
 if __name__ == "__main__":
