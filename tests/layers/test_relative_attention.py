@@ -51,11 +51,12 @@ def test_mask_matches_definition(t, m, window, valid):
 
 
 def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=False, clamped_call=False,
-                  position_keys=False, context=None):
+                  position_keys=False, context=None, queries=False):
     """The layer against the brute force; `clamped_call` passes it `clamp_len` (it then
     scores the distinct distances only), `position_keys` the projected keys of only the
     distances it needs (`clamp_len + 1` rows); `context` "time" or "head" passes the keys
-    and values of `[memory, h]` (`project_kv`) as `context_kv`, as they are or head-major."""
+    and values of `[memory, h]` (`project_kv`) as `context_kv`, as they are or head-major;
+    `queries` then projects `h`'s rows by `project_qkv` and passes its queries too."""
     rng = np.random.default_rng(1)
     layer = RelativeAttention(H, DH, pre_lnorm=pre_lnorm, layer_norm_epsilon=1e-5)
     h = rng.normal(size=(B, T, D)).astype("float32")
@@ -73,6 +74,9 @@ def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=Fals
         positions["clamp_len"] = clamp_len
     if context:
         kv = layer.project_kv(h if mem is None else np.concatenate([mem, h], axis=1))
+        if queries:  # the segment's rows in one product; the memory's by project_kv
+            positions["queries"], kv = layer.project_qkv(h)
+            kv = kv if mem is None else ops.concatenate([layer.project_kv(mem), kv], axis=1)
         positions["context_kv"] = kv if context == "time" else tuple(ops.split(head_major(kv, H), 2, axis=0))
     got = to_np(layer(h, memory=None if context else mem, content_bias=u, position_bias=v, attention_mask=mask,
                       **positions))
@@ -104,6 +108,42 @@ def test_attention_clamp_len_matches_brute_force():
 @pytest.mark.parametrize("pre_lnorm", [False, True])
 def test_attention_of_given_keys_and_values_matches_brute_force(context, pre_lnorm):
     run_attention(mem_len=5, window=5, valid=4, pre_lnorm=pre_lnorm, context=context)
+
+
+@pytest.mark.parametrize("mem_len,pre_lnorm", [(5, False), (5, True), (0, False)])
+def test_attention_of_given_queries_keys_and_values_matches_brute_force(mem_len, pre_lnorm):
+    """`project_qkv`'s queries, keys and values of the segment (one product) with the
+    memory's from `project_kv`: the cached-key path of evaluation and generation."""
+    run_attention(mem_len=mem_len, window=5, pre_lnorm=pre_lnorm, context="head", queries=True)
+
+
+def test_attention_uses_the_given_queries():
+    """Zero queries and no biases score every key 0: each position averages the values
+    of the keys it may see (brute force in numpy), whatever `h` would have projected."""
+    rng = np.random.default_rng(3)
+    layer = RelativeAttention(H, DH)
+    h = rng.normal(size=(B, T, D)).astype("float32")
+    mask = causal_attention_mask(T, 0)
+    layer(h, attention_mask=mask)
+    randomize(layer)
+    kv = layer.project_kv(h)
+    got = to_np(layer(h, queries=np.zeros((B, T, H * DH), "float32"), context_kv=kv, attention_mask=mask))
+    w = attention_weights(layer)
+    values = to_np(kv)[..., H * DH:]
+    averaged = np.cumsum(values, axis=1) / np.arange(1, T + 1)[None, :, None]
+    x = h + averaged @ w["o"]
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    want = (x - mean) / np.sqrt(var + 1e-5) * w["gamma"] + w["beta"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_rejects_queries_of_another_width():
+    layer = RelativeAttention(H, DH)
+    h = np.zeros((B, T, D), "float32")
+    layer(h)
+    layer(h, queries=layer.project_qkv(h)[0])
+    with pytest.raises(ValueError, match=r"queries` of shape \(batch_size, T, num_heads \* head_dim = 6\)"):
+        layer(h, queries=np.zeros((B, T, D), "float32"))
 
 
 @pytest.mark.parametrize("mem_len,clamp_len,window,valid,position_keys", [

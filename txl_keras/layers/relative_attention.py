@@ -76,6 +76,9 @@ class RelativeAttention(keras.layers.Layer):
             `[memory, inputs]` (`project_kv` of each row), or the same head-major, a
             pair `(keys, values)` of `(H, batch_size, K, Dh)` (`head_major`), the layout
             the scores multiply; `memory` is then not projected.
+        queries: optional `(batch_size, T, H * Dh)`, the queries of `inputs` as
+            `project_qkv` gives them with the inputs' keys and values (the caller then
+            passes those in `context_kv`), not projected again.
         position_keys: optional `(H, Dh, K')`, the projected sinusoid encoding of
             distances `K' - 1, ..., 0` (`project_positions`), used instead of projecting
             `position_encoding` (it does not change between segments while the weights
@@ -146,14 +149,24 @@ class RelativeAttention(keras.layers.Layer):
     def _norm(self, x):
         return ops.cast(self.layer_norm(ops.cast(x, "float32")), self.compute_dtype)
 
+    def _context_rows(self, inputs):
+        inputs = ops.cast(inputs, self.compute_dtype)
+        return self._norm(inputs) if self.pre_lnorm else inputs
+
     def project_kv(self, inputs):
         """Keys and values of rows `(batch_size, L, hidden_dim)` -> `(batch_size, L, 2 * H * Dh)`
         (keys first), as the call computes them."""
         inner = self.num_heads * self.head_dim
-        inputs = ops.cast(inputs, self.compute_dtype)
-        if self.pre_lnorm:
-            inputs = self._norm(inputs)
-        return ops.matmul(inputs, ops.split(self.qkv_kernel, [inner], axis=1)[1])
+        return ops.matmul(self._context_rows(inputs), ops.split(self.qkv_kernel, [inner], axis=1)[1])
+
+    def project_qkv(self, inputs):
+        """Queries `(batch_size, L, H * Dh)` and keys and values `(batch_size, L, 2 * H *
+        Dh)` of rows `(batch_size, L, hidden_dim)`, in one product with the whole kernel
+        (the call's `queries` and `project_kv`'s rows: with cached keys and values each
+        segment projects all three, where two products took the kernel's two parts, which
+        XLA copied out of it every call)."""
+        qkv = ops.matmul(self._context_rows(inputs), self.qkv_kernel)
+        return tuple(ops.split(qkv, [self.num_heads * self.head_dim], axis=-1))
 
     def project_positions(self, position_encoding):
         """The position keys `(H, Dh, K)` of a sinusoid encoding `(K, hidden_dim)`, column
@@ -203,12 +216,18 @@ class RelativeAttention(keras.layers.Layer):
         context_kv=None,
         position_keys=None,
         clamp_len=None,
+        queries=None,
         training=False,
     ):
         inner = self.num_heads * self.head_dim
         query_input = self._norm(inputs) if self.pre_lnorm else inputs
         q_kernel, kv_kernel = ops.split(self.qkv_kernel, [inner], axis=1)
-        q = self._heads(ops.matmul(query_input, q_kernel))
+        if queries is None:
+            queries = ops.matmul(query_input, q_kernel)
+        elif tuple(ops.shape(queries)[-1:]) != (inner,) or len(ops.shape(queries)) != 3:
+            raise ValueError(f"Expected `queries` of shape (batch_size, T, num_heads * head_dim = {inner}) as "
+                             f"project_qkv() returns; received shape {tuple(ops.shape(queries))}.")
+        q = self._heads(ops.cast(queries, self.compute_dtype))
         if context_kv is None:
             context = query_input
             if memory is not None:

@@ -26,7 +26,8 @@ class TransformerXLBlock(keras.layers.Layer):
     Call arguments:
         inputs: `(batch_size, T, hidden_dim)`.
         memory, position_encoding, content_bias, position_bias, position_score_bias,
-        attention_mask, context_kv, position_keys, clamp_len: as in `RelativeAttention`.
+        attention_mask, context_kv, queries, position_keys, clamp_len: as in
+            `RelativeAttention`.
         training: bool.
 
     Returns:
@@ -101,6 +102,7 @@ class TransformerXLBlock(keras.layers.Layer):
         context_kv=None,
         position_keys=None,
         clamp_len=None,
+        queries=None,
         training=False,
     ):
         x = self.attention(
@@ -114,6 +116,7 @@ class TransformerXLBlock(keras.layers.Layer):
             context_kv=context_kv,
             position_keys=position_keys,
             clamp_len=clamp_len,
+            queries=queries,
             training=training,
         )
         return self.feed_forward(x, training=training)

@@ -421,8 +421,8 @@ class TransformerXL(keras.Model):
         if clamp_len is not None:
             kwargs["clamp_len"] = clamp_len
         current_kv = None
-        if cache_kv:
-            current_kv = block.attention.project_kv(hidden)
+        if cache_kv:  # the segment's queries, keys and values in one product
+            kwargs["queries"], current_kv = block.attention.project_qkv(hidden)
             if memory_kv is None:
                 kwargs["context_kv"] = current_kv
             elif memory_kv_offset is not None:  # a head-major ring: keys and values as the scores take them
