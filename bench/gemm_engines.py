@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, run_worker  # noqa: E402
 
-OURS = ["queries (128 rows)", "keys, values (128 rows)", "output projection", "feed-forward in",
+OURS = ["queries, keys, values (128 rows)", "output projection", "feed-forward in",
         "feed-forward out", "content scores", "position scores (clamped)", "probabilities x values"]
 PORT = ["queries, keys, values (all rows)", "position projection (all rows)", "output projection",
         "feed-forward in", "feed-forward out", "content scores", "position scores (all columns)",
@@ -49,8 +49,7 @@ def segment_products():
     # the position product's columns with clamping: the last clamp_len + T keys and a spare
     clamped = min(keys, EVAL_WT103["clamp_len"] + t) + 1
     products = {
-        "queries (128 rows)": (1, t, d, heads * dh),
-        "keys, values (128 rows)": (1, t, d, 2 * heads * dh),
+        "queries, keys, values (128 rows)": (1, t, d, 3 * heads * dh),  # one product (project_qkv)
         "output projection": (1, t, heads * dh, d),
         "feed-forward in": (1, t, d, c.d_inner),
         "feed-forward out": (1, t, c.d_inner, d),

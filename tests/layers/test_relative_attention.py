@@ -73,10 +73,11 @@ def run_attention(mem_len, clamp_len=-1, window=None, valid=None, pre_lnorm=Fals
     if clamped_call:
         positions["clamp_len"] = clamp_len
     if context:
-        kv = layer.project_kv(h if mem is None else np.concatenate([mem, h], axis=1))
         if queries:  # the segment's rows in one product; the memory's by project_kv
             positions["queries"], kv = layer.project_qkv(h)
             kv = kv if mem is None else ops.concatenate([layer.project_kv(mem), kv], axis=1)
+        else:
+            kv = layer.project_kv(h if mem is None else np.concatenate([mem, h], axis=1))
         positions["context_kv"] = kv if context == "time" else tuple(ops.split(head_major(kv, H), 2, axis=0))
     got = to_np(layer(h, memory=None if context else mem, content_bias=u, position_bias=v, attention_mask=mask,
                       **positions))
