@@ -8,10 +8,15 @@ Each worker: same config, same random token stream, 2 threads, `--warmup` steps 
 `--steps` timed steps of forward + backward + clip(0.25) + Adam. Without --hf_python only
 txl_keras runs. `--original_pytorch=DIR` (the `pytorch/` folder of a checkout of
 kimiyoung/transformer-xl) also runs the original PyTorch code's `MemTransformerLM` with the
---hf_python interpreter; the one change made to it at run time is that its uint8 attention
+--hf_python interpreter; the changes made to it at run time are that its uint8 attention
 masks are made boolean (`Tensor.byte` returns a bool tensor in that worker), which torch 2
 requires of `masked_fill`, and `torch.version.cuda`, which it parses at import (for a check
-it has commented out), is set on CPU builds. Variants: --xla, --precision=mixed_bfloat16. Token ids are Zipf-like
+it has commented out), is set on CPU builds. Variants: --xla, --precision=mixed_bfloat16 (every
+side: ours Keras's mixed_bfloat16 policy, the two PyTorch models their forward pass under
+`torch.autocast("cpu", torch.bfloat16)`, PyTorch's mixed precision on CPUs; their adaptive
+embeddings copy bf16 rows into a float32 buffer with `index_copy_`, which torch rejects, so
+in that mode `index_copy_` casts its source to the buffer's dtype, as the rows would be in
+float32; `--torch_precision=float32` keeps them in float32). Token ids are Zipf-like
 (p(id) ~ 1 / (id + 1)) for adaptive configs, as in real text (`--ids=uniform` puts nearly
 every token in a tail cluster, which no corpus does). `--profile` also times the adaptive
 embedding and softmax alone (forward + backward on the same batch) and prints their share
@@ -132,6 +137,21 @@ def timed_torch_steps(step, args, tokens_per_step, framework_mb):
             "framework_rss_mb": framework_mb}
 
 
+def torch_precision(args):
+    """The context a torch worker's forward pass runs in: `torch.autocast` to bf16 for
+    mixed_bfloat16 (with `index_copy_` casting its source, see the module's docstring),
+    else none."""
+    import contextlib
+
+    import torch
+
+    if args.precision != "mixed_bfloat16":
+        return contextlib.nullcontext
+    index_copy = torch.Tensor.index_copy_
+    torch.Tensor.index_copy_ = lambda self, dim, index, source: index_copy(self, dim, index, source.to(self.dtype))
+    return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+
+
 def hf_worker(args, c):
     import torch
     from transformers import TransfoXLConfig, TransfoXLLMHeadModel
@@ -146,6 +166,7 @@ def hf_worker(args, c):
                              adaptive=bool(c["cutoffs"]),
                              proj_share_all_but_first=c.get("proj_share_all_but_first", True))
     model = TransfoXLLMHeadModel(config)
+    precision = torch_precision(args)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=2.5e-4)
     tokens_per_step = c["batch"] * c["tgt_len"]
@@ -156,7 +177,8 @@ def hf_worker(args, c):
     def step(i):
         nonlocal mems
         x = streams[:, i * c["tgt_len"]:(i + 1) * c["tgt_len"]]
-        out = model(input_ids=x, labels=x, mems=mems)
+        with precision():
+            out = model(input_ids=x, labels=x, mems=mems)
         mems = out.mems
         loss = out.losses.mean() if out.losses is not None else out.loss.mean()
         optimizer.zero_grad()
@@ -186,6 +208,7 @@ def original_worker(args, c):
                              dropout=0.1, dropatt=0.0, tie_weight=True, d_embed=c["d_model"], div_val=c["div_val"],
                              tie_projs=tie_projs, tgt_len=c["tgt_len"], ext_len=0, mem_len=c["mem_len"],
                              cutoffs=cutoffs, same_length=False, attn_type=0, clamp_len=-1)
+    precision = torch_precision(args)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=2.5e-4)
     tokens_per_step = c["batch"] * c["tgt_len"]
@@ -196,7 +219,8 @@ def original_worker(args, c):
     def step(i):
         nonlocal mems
         t = c["tgt_len"]
-        out = model(streams[i * t:(i + 1) * t], streams[i * t + 1:(i + 1) * t + 1], *mems)
+        with precision():
+            out = model(streams[i * t:(i + 1) * t], streams[i * t + 1:(i + 1) * t + 1], *mems)
         loss, mems = out[0].float().mean(), tuple(out[1:])
         optimizer.zero_grad()
         loss.backward()
@@ -219,7 +243,9 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--xla", action="store_true")
-    parser.add_argument("--precision", default="float32")
+    parser.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
+    parser.add_argument("--torch_precision", default=None, choices=["float32", "mixed_bfloat16"],
+                        help="the PyTorch workers' precision (default: --precision's)")
     parser.add_argument("--ids", choices=["zipf", "uniform"], default=None,
                         help="token id distribution (default: zipf with cutoffs, else uniform)")
     parser.add_argument("--profile", action="store_true", help="time the adaptive layers alone too")
@@ -232,6 +258,7 @@ def main():
         return emit(hf_worker(args, c))
     if args.impl == "original":
         return emit(original_worker(args, c))
+    theirs = ["--precision", args.torch_precision or args.precision]
     common = ["--config", args.config, "--warmup", str(args.warmup), "--steps", str(args.steps),
               "--threads", str(args.threads), "--ids", args.ids, "--config_json", json.dumps(c)]
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
@@ -240,9 +267,9 @@ def main():
     for _ in range(args.rounds):
         results["txl_keras"].append(run_worker(sys.executable, __file__, ours_args))
         if args.hf_python:
-            results["hf"].append(run_worker(args.hf_python, __file__, common + ["--impl", "hf"]))
+            results["hf"].append(run_worker(args.hf_python, __file__, common + theirs + ["--impl", "hf"]))
         if args.hf_python and args.original_pytorch:
-            results["original"].append(run_worker(args.hf_python, __file__, common + [
+            results["original"].append(run_worker(args.hf_python, __file__, common + theirs + [
                 "--impl", "original", "--original_pytorch", os.path.abspath(args.original_pytorch)]))
     shares = cluster_shares(ids_for(args, c, 200_000), c["cutoffs"], c["n_token"])
     flops = model_flops_per_token(c, shares=shares)
@@ -250,7 +277,7 @@ def main():
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
     print(f"config {args.config}: {c}; {args.ids} ids (cluster shares {', '.join(f'{s:.3f}' for s in shares)}); "
           f"{flops / 1e6:.1f} MFLOP per token (training); fp32 matmul ceiling {ceiling:.0f} GFLOP/s; "
-          f"{args.threads} threads")
+          f"{args.threads} threads; precision: ours {args.precision}, PyTorch {theirs[1]}")
     best = {}
     for impl, runs in results.items():
         if not runs:

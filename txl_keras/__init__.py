@@ -20,6 +20,7 @@ from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, Transf
 if keras.backend.backend() == "tensorflow":
     importlib.import_module("txl_keras.tf_replicas")  # each tf.distribute replica draws its own dropout masks
     importlib.import_module("txl_keras.tf_whole_draw")  # large tables drawn without extra copies
+    importlib.import_module("txl_keras.tf_random_bits")  # dropout: two units' bits per Philox word
 
 __version__ = "0.1.0"
 

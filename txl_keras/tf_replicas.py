@@ -1,6 +1,6 @@
 """The `tf.distribute` replica id for `ReplicaDropout` on the TensorFlow backend (the
-layers use keras.ops only; this and `tf_whole_draw` are the TensorFlow-specific pieces
-they are given)."""
+layers use keras.ops only; this, `tf_whole_draw` and `tf_random_bits` are the
+TensorFlow-specific pieces they are given)."""
 
 import tensorflow as tf
 

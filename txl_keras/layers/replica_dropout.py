@@ -11,7 +11,17 @@ state) and the replica id. Resume stays bit-identical, and a run is reproducible
 
 With one replica (no strategy, or `keras.distribution`, whose SPMD programs draw one mask
 of the global batch's shape and shard it, so every device already gets its own part)
-the draws are those of Keras `Dropout`.
+there is no salt.
+
+Each unit's keep decision takes 16 random bits (`KEEP_BITS`), read as an integer in
+`[0, 65536)`: the unit is kept when they are at least `round(rate * 65536)`, and a kept
+unit is scaled by `65536 / (65536 - that threshold)`, so the expected output is the input
+exactly. The rate is thus rounded to a multiple of 1/65536, whatever the dtype (Keras
+`Dropout` compares a uniform draw of the input's dtype with the rate: in bfloat16, 8 bits,
+so a rate of 0.1 drops 10.2% of the units). The bits come from the backend's
+`keras.random.randint` unless the backend installs a cheaper source
+(`set_random_bits_source`; TensorFlow's takes two units' bits from each 32-bit Philox
+output: half of the draws, which had cost ~12% of a word-level training step).
 """
 
 import keras
@@ -22,6 +32,29 @@ _SALT = 0x9E3779B1
 
 
 _REPLICA_ID_SOURCE = [None]
+_RANDOM_BITS_SOURCE = [None]
+KEEP_BITS = 16
+
+
+def set_random_bits_source(source):
+    """Install `source(inputs, seed_generator) -> integers of `inputs`' shape, uniform in
+    [0, 2**KEEP_BITS)` (any integer dtype holding them), which draws once from the
+    generator (`seed_generator.next()`); None restores `keras.random.randint`."""
+    _RANDOM_BITS_SOURCE[0] = source
+
+
+def random_bits(inputs, seed_generator):
+    """`KEEP_BITS` uniform random bits per unit of `inputs`, as integers of its shape."""
+    source = _RANDOM_BITS_SOURCE[0]
+    if source is None:
+        return keras.random.randint(ops.shape(inputs), 0, 1 << KEEP_BITS, dtype="int32", seed=seed_generator)
+    return source(inputs, seed_generator)
+
+
+def keep_threshold(rate):
+    """The bits' value from which a unit is kept: `rate * 2**KEEP_BITS` rounded (at most
+    `2**KEEP_BITS - 1`, so some unit may be kept)."""
+    return min(round(rate * (1 << KEEP_BITS)), (1 << KEEP_BITS) - 1)
 
 
 def set_replica_id_source(source):
@@ -52,7 +85,7 @@ class ReplicaSeedGenerator(keras.random.SeedGenerator):
 
 @keras.saving.register_keras_serializable(package="txl_keras")
 class ReplicaDropout(keras.layers.Layer):
-    """`keras.layers.Dropout` with an independent mask on every replica.
+    """Dropout with an independent mask on every replica (see the module's docstring).
 
     Args:
         rate: float in [0, 1), the fraction of units dropped.
@@ -65,7 +98,8 @@ class ReplicaDropout(keras.layers.Layer):
         training: bool, enables dropout.
 
     Returns:
-        A tensor of the input's shape: kept units scaled by `1 / (1 - rate)`, the others 0.
+        A tensor of the input's shape: kept units scaled by `1 / (1 - rate)`, the others 0
+        (`rate` rounded to a multiple of 2**-16).
 
     Example:
     >>> x = keras.ops.ones((2, 4))
@@ -84,9 +118,13 @@ class ReplicaDropout(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=False):
-        if training and self.rate > 0:
-            return keras.random.dropout(inputs, self.rate, seed=self.seed_generator)
-        return inputs
+        if not training or self.rate == 0:
+            return inputs
+        threshold = keep_threshold(self.rate)
+        bits = random_bits(inputs, self.seed_generator)
+        keep = ops.greater_equal(bits, ops.cast(threshold, bits.dtype))
+        scale = (1 << KEEP_BITS) / ((1 << KEEP_BITS) - threshold)
+        return ops.where(keep, inputs * ops.cast(scale, inputs.dtype), ops.cast(0, inputs.dtype))
 
     def compute_output_shape(self, input_shape):
         return input_shape
