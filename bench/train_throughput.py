@@ -258,7 +258,8 @@ def main():
         return emit(hf_worker(args, c))
     if args.impl == "original":
         return emit(original_worker(args, c))
-    theirs = ["--precision", args.torch_precision or args.precision]
+    their_precision = args.torch_precision or args.precision
+    theirs = ["--precision", their_precision]
     common = ["--config", args.config, "--warmup", str(args.warmup), "--steps", str(args.steps),
               "--threads", str(args.threads), "--ids", args.ids, "--config_json", json.dumps(c)]
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
@@ -277,7 +278,7 @@ def main():
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
     print(f"config {args.config}: {c}; {args.ids} ids (cluster shares {', '.join(f'{s:.3f}' for s in shares)}); "
           f"{flops / 1e6:.1f} MFLOP per token (training); fp32 matmul ceiling {ceiling:.0f} GFLOP/s; "
-          f"{args.threads} threads; precision: ours {args.precision}, PyTorch {theirs[1]}")
+          f"{args.threads} threads; precision: ours {args.precision}, PyTorch {their_precision}")
     best = {}
     for impl, runs in results.items():
         if not runs:
