@@ -118,3 +118,33 @@ def test_several_streams_on_two_replicas_score_the_loss_of_a_direct_computation(
     assert result["tokens"] == len(ids) - 1 == result["expected_tokens"]
     assert per * 6 > len(ids) - 1 and per % tgt  # a padded stream and a shorter last chunk
     assert result["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
+
+
+@pytest.mark.parametrize("precision, clip", [("float32", 0.0), ("float32", 1e-3), ("mixed_float16", 1e-3)])
+def test_step_gradients_are_the_loss_gradients_unscaled_and_clipped(tmp_path, records, precision, clip):
+    """The step's gradients and global norm against the loss's own gradients (a plain tape,
+    no loss scale) and clipping written out in numpy: `g * min(1, clip / norm)`."""
+    import tensorflow as tf
+
+    trainer = make(tmp_path, records, precision=precision, clip=clip)
+    trainer.loss_scale.assign(2.0**8)  # used only by float16 (1 elsewhere)
+    ids = np.random.default_rng(0).integers(0, trainer.config.n_token, (4, 9))
+    inputs, targets = tf.constant(ids[:, :-1], tf.int32), tf.constant(ids[:, 1:], tf.int32)
+    mems, valid = trainer.memory.read()
+    with tf.GradientTape() as tape:
+        out = trainer.model(inputs, targets=targets, mems=mems, memory_valid=valid, training=True)
+        loss = tf.reduce_sum(tf.cast(out["nll"], tf.float32)) / 32.0
+    reference = [np.asarray(tf.convert_to_tensor(g), np.float64)
+                 for g in tape.gradient(loss, trainer.model.trainable_variables)]
+    norm = np.sqrt(sum(float((g**2).sum()) for g in reference))
+    factor = min(1.0, clip / norm) if clip > 0 else 1.0
+    assert clip == 0 or factor < 0.1  # the clip applies
+
+    grads, mean_nll, gnorm, finite = trainer.strategy.run(trainer._replica_step, args=(inputs, targets))
+    assert bool(finite)
+    np.testing.assert_allclose(float(mean_nll), float(loss), rtol=1e-3 if precision == "mixed_float16" else 1e-6)
+    tolerance = 1e-2 if precision == "mixed_float16" else 1e-5
+    np.testing.assert_allclose(float(gnorm), norm, rtol=tolerance)
+    got = [np.asarray(g, np.float64) for g in grads]
+    error = np.sqrt(sum(float(((a - b * factor) ** 2).sum()) for a, b in zip(got, reference)))
+    assert error <= tolerance * norm * factor

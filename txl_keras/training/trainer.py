@@ -188,27 +188,38 @@ class Trainer:
         context = tf.distribute.get_replica_context()
         global_tokens = tf.cast(tf.size(targets) * self.replicas, tf.float32)
         mems, valid = self.memory.read()
+        # Only float16 scales the loss (a variable restored from any run is not used otherwise).
+        scaled = self.tc.precision == "mixed_float16"
+        loss_scale = self.loss_scale if scaled else tf.constant(1.0)
         grads, nll_total, new_mems_parts, new_valid = None, 0.0, [], valid
         for k in range(self.tc.batch_chunk):
             rows = slice(k * self.chunk, (k + 1) * self.chunk)
             part_mems = [m[rows] for m in mems]
             nll_sum, part_grads, part_new, new_valid = self._forward_backward(
-                inputs[rows], targets[rows], part_mems, valid, self.loss_scale, global_tokens)
+                inputs[rows], targets[rows], part_mems, valid, loss_scale, global_tokens)
             nll_total += nll_sum
             grads = part_grads if grads is None else [a + b for a, b in zip(grads, part_grads)]
             new_mems_parts.append(part_new)
         new_mems = [tf.concat([p[i] for p in new_mems_parts], 0) for i in range(self.config.n_layer)]
         grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        grads = [g / self.loss_scale for g in grads]
         nll_total = context.all_reduce(tf.distribute.ReduceOp.SUM, nll_total)
         # A forward pass that overflowed must not leave inf/NaN in the memory.
         forward_ok = tf.math.is_finite(nll_total)
         self.memory.write([tf.where(forward_ok, new, old) for new, old in zip(new_mems, mems)],
                           tf.where(forward_ok, new_valid, valid))
+        # Unscaling (float16's loss scale) and clipping to the global norm are one
+        # multiplication of each gradient, and none where neither applies.
         gnorm = tf.linalg.global_norm(grads)
+        factor = None
+        if scaled:
+            gnorm = gnorm / loss_scale
+            factor = 1.0 / loss_scale
         finite = tf.math.is_finite(gnorm) & forward_ok
         if self.tc.clip > 0:
-            grads, _ = tf.clip_by_global_norm(grads, self.tc.clip, use_norm=gnorm)
+            clip = self.tc.clip / tf.maximum(gnorm, self.tc.clip)
+            factor = clip if factor is None else factor * clip
+        if factor is not None:
+            grads = [g * factor for g in grads]
         return grads, nll_total / global_tokens, gnorm, finite
 
     def _build_train_fn(self):
