@@ -321,9 +321,12 @@ class RelativeAttention(keras.layers.Layer):
             position_scores = relative_shift(position_scores)  # the last `width` keys
             if isinstance(width, int) and isinstance(key_length, int) and width < key_length:
                 # Every older key is at distance clamp_len or more: the score of the first
-                # shifted key (its distance is clamp_len + i) is theirs too.
-                far = ops.broadcast_to(position_scores[..., :1], (heads, batch, query_length, key_length - width))
-                position_scores = ops.concatenate([far, position_scores], axis=-1)
+                # shifted key (its distance is clamp_len + i) is theirs too. Padded in front
+                # and selected: XLA fuses both into the scores' sum, where it wrote the
+                # broadcast and their concatenation as two more score-sized tensors.
+                far = key_length - width
+                padded = ops.pad(position_scores, [[0, 0], [0, 0], [0, 0], [far, 0]])
+                position_scores = ops.where(ops.arange(key_length) < far, position_scores[..., :1], padded)
             scores = scores + position_scores
 
         scores = ops.cast(scores, "float32")
