@@ -4,6 +4,7 @@ the fp32 matmul ceiling, and running workers side by side."""
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -90,6 +91,18 @@ def run_worker(python, script, args, env=None):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"{python} {script} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+
+
+def ratio_line(impl, ours, theirs):
+    """The ratio of our tokens/s to `impl`'s: best of each, and round by round (the
+    workers of one round run one after the other, so a slow phase of the machine affects
+    both sides of a round more alike than the best of each). `ours`, `theirs`: tokens/s
+    per round."""
+    paired = [a / b for a, b in zip(ours, theirs)]
+    rounds = ""
+    if len(paired) > 1:
+        rounds = f"; round by round {', '.join(f'{x:.2f}x' for x in paired)}, median {statistics.median(paired):.2f}x"
+    return f"ratio txl_keras / {impl}: {max(ours) / max(theirs):.2f}x (best of each{rounds})"
 
 
 def random_ids(n, vocab, seed=0, zipf=False):

@@ -30,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cluster_shares, configs, current_rss_mb, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, run_worker  # noqa: E402
+from common import cluster_shares, configs, current_rss_mb, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_worker  # noqa: E402
 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
 EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=6, zipf=True)
@@ -200,7 +200,7 @@ def main():
                   f"peak RSS {peak:,.0f} MB, {above:,.0f} MB above the framework's import")
     for impl in best:
         if impl != "txl_keras":
-            print(f"ratio txl_keras / {impl}: {best['txl_keras'] / best[impl]:.2f}x")
+            print(ratio_line(impl, *([r["tokens_per_s"] for r in results[k]] for k in ("txl_keras", impl))))
     if args.model != "char_small" or not args.lengths:
         return
     print("2. evaluation speed, Transformer-XL vs vanilla sliding window (per predicted token)")

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (CONFIG_NAMES, cluster_shares, configs, model_config, current_rss_mb, emit, matmul_ceiling_gflops,  # noqa: E402
-                    model_flops_per_token, peak_rss_mb, random_ids, run_worker)
+                    model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_worker)
 
 
 def ids_for(args, c, n):
@@ -292,7 +292,7 @@ def main():
               f"(framework after import {framework:,.0f} MB, above it {peak - framework:,.0f} MB)")
     for impl in ("hf", "original"):
         if impl in best:
-            print(f"ratio txl_keras / {impl}: {best['txl_keras'] / best[impl]:.2f}x")
+            print(ratio_line(impl, *([r["tokens_per_s"] for r in results[k]] for k in ("txl_keras", impl))))
     profiles = [r for r in results["txl_keras"] if "adaptive_s" in r]
     if profiles:
         run = min(profiles, key=lambda r: r["step_s"])
