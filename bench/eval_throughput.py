@@ -189,18 +189,17 @@ def main():
         if c["cutoffs"] else None
     flops = model_flops_per_token(c, training=False, mem_len=e["mem_len"], tgt_len=e["tgt_len"], shares=shares)
     print(f"1. long-memory evaluation {e}, {args.model} model, {flops / 1e6:.1f} MFLOP per token")
-    best = {}
+    rates = {impl: [r["tokens_per_s"] for r in runs] for impl, runs in results.items() if runs}
     for impl, runs in results.items():
         if runs:
-            best[impl] = max(r["tokens_per_s"] for r in runs)
-            rates = " / ".join(f"{r['tokens_per_s']:,.0f}" for r in runs)
             peak = max(r["peak_rss_mb"] for r in runs)
             above = max(r["peak_rss_mb"] - r["import_rss_mb"] for r in runs)
-            print(f"{impl:>10}: tokens/s {rates} (MFU-equivalent {best[impl] * flops / 1e9:.1f} GFLOP/s), "
-                  f"peak RSS {peak:,.0f} MB, {above:,.0f} MB above the framework's import")
-    for impl in best:
+            print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} (MFU-equivalent "
+                  f"{max(rates[impl]) * flops / 1e9:.1f} GFLOP/s), peak RSS {peak:,.0f} MB, {above:,.0f} MB "
+                  "above the framework's import")
+    for impl in rates:
         if impl != "txl_keras":
-            print(ratio_line(impl, *([r["tokens_per_s"] for r in results[k]] for k in ("txl_keras", impl))))
+            print(ratio_line(impl, rates["txl_keras"], rates[impl]))
     if args.model != "char_small" or not args.lengths:
         return
     print("2. evaluation speed, Transformer-XL vs vanilla sliding window (per predicted token)")

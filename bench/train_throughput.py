@@ -279,20 +279,19 @@ def main():
     print(f"config {args.config}: {c}; {args.ids} ids (cluster shares {', '.join(f'{s:.3f}' for s in shares)}); "
           f"{flops / 1e6:.1f} MFLOP per token (training); fp32 matmul ceiling {ceiling:.0f} GFLOP/s; "
           f"{args.threads} threads; precision: ours {args.precision}, PyTorch {their_precision}")
-    best = {}
+    rates = {impl: [r["tokens_per_s"] for r in runs] for impl, runs in results.items() if runs}
     for impl, runs in results.items():
         if not runs:
             continue
-        rates = [r["tokens_per_s"] for r in runs]
-        best[impl] = max(rates)
+        best = max(rates[impl])
         peak = max(r["peak_rss_mb"] for r in runs)
         framework = min(r["framework_rss_mb"] for r in runs)
-        print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates)} (best {best[impl]:,.0f}), "
-              f"MFU {best[impl] * flops / 1e9 / ceiling:.1%}, peak RSS {peak:,.0f} MB "
+        print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} (best {best:,.0f}), "
+              f"MFU {best * flops / 1e9 / ceiling:.1%}, peak RSS {peak:,.0f} MB "
               f"(framework after import {framework:,.0f} MB, above it {peak - framework:,.0f} MB)")
     for impl in ("hf", "original"):
-        if impl in best:
-            print(ratio_line(impl, *([r["tokens_per_s"] for r in results[k]] for k in ("txl_keras", impl))))
+        if impl in rates:
+            print(ratio_line(impl, rates["txl_keras"], rates[impl]))
     profiles = [r for r in results["txl_keras"] if "adaptive_s" in r]
     if profiles:
         run = min(profiles, key=lambda r: r["step_s"])

@@ -117,6 +117,9 @@ class Trainer:
         if train_config.deterministic:
             tf.config.experimental.enable_op_determinism()
         keras.utils.set_random_seed(train_config.seed)
+        # Only float16 scales the loss (dynamically); a loss scale restored from another
+        # run is not used otherwise.
+        self.scales_loss = train_config.precision == "mixed_float16"
         with strategy.scope():
             self.model = TransformerXLLM(
                 model_config, tail_mode="dense" if self.compiled else "auto",
@@ -124,7 +127,7 @@ class Trainer:
             )
             self.memory = self._memory(model_config.mem_len, self.per_replica)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self.loss_scale = tf.Variable(2.0**15 if train_config.precision == "mixed_float16" else 1.0,
+            self.loss_scale = tf.Variable(2.0**15 if self.scales_loss else 1.0,
                                           trainable=False, name="loss_scale")
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
         self.seed_states = [v for v in self.model.variables if "seed_generator_state" in v.path]
@@ -188,9 +191,7 @@ class Trainer:
         context = tf.distribute.get_replica_context()
         global_tokens = tf.cast(tf.size(targets) * self.replicas, tf.float32)
         mems, valid = self.memory.read()
-        # Only float16 scales the loss (a variable restored from any run is not used otherwise).
-        scaled = self.tc.precision == "mixed_float16"
-        loss_scale = self.loss_scale if scaled else tf.constant(1.0)
+        loss_scale = self.loss_scale if self.scales_loss else tf.constant(1.0)
         grads, nll_total, new_mems_parts, new_valid = None, 0.0, [], valid
         for k in range(self.tc.batch_chunk):
             rows = slice(k * self.chunk, (k + 1) * self.chunk)
@@ -211,7 +212,7 @@ class Trainer:
         # multiplication of each gradient, and none where neither applies.
         gnorm = tf.linalg.global_norm(grads)
         factor = None
-        if scaled:
+        if self.scales_loss:
             gnorm = gnorm / loss_scale
             factor = 1.0 / loss_scale
         finite = tf.math.is_finite(gnorm) & forward_ok
@@ -240,12 +241,12 @@ class Trainer:
                 if finite:
                     self.optimizer.apply(grads, lr)
                     self.good_steps.assign_add(1)
-                    if tc.precision == "mixed_float16" and self.good_steps % 2000 == 0:
+                    if self.scales_loss and self.good_steps % 2000 == 0:
                         self.loss_scale.assign(self.loss_scale * 2.0)
                     loss_sum += loss
                     gnorm_sum += gnorm
                     done += 1
-                elif tc.precision == "mixed_float16":
+                elif self.scales_loss:
                     self.loss_scale.assign(tf.maximum(self.loss_scale / 2.0, 1.0))
                     self.good_steps.assign(0)
                 elif not tc.skip_nonfinite:
