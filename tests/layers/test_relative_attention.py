@@ -231,3 +231,35 @@ def test_attention_dropout_only_in_training():
                     training=True))
     np.testing.assert_array_equal(a, b)
     assert np.abs(a - c).max() > 1e-3
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_memory_ring_equals_its_rows_in_time_order(monkeypatch, grouped):
+    """`memory_ring`: a wrapped ring with more slots than rows, joined to the segment's
+    keys and values by the layer (one head group at a time when the scores exceed
+    SCORE_BYTES), attends like its last rows in time order (numpy's roll) passed
+    concatenated with the segment's in `context_kv`."""
+    capacity, rows, offset = 9, 6, 4
+    if grouped:
+        monkeypatch.setattr(relative_attention, "SCORE_BYTES", 4 * B * T * (T + rows))  # one head's scores
+    assert (relative_attention._head_group(H, B, T, T + rows) == 1) == grouped
+    rng = np.random.default_rng(5)
+    layer = RelativeAttention(H, DH)
+    h = rng.normal(size=(B, T, D)).astype("float32")
+    layer.build(h.shape)
+    randomize(layer)
+    ring = rng.normal(size=(2 * H, B, capacity, DH)).astype("float32")
+    queries, segment_kv = layer.project_qkv(h)
+    segment = to_np(head_major(segment_kv, H)).astype("float32")
+    ordered = np.roll(ring, -offset, axis=2)[:, :, capacity - rows:]
+    joined = np.concatenate([ordered, segment], axis=2)
+    kwargs = dict(queries=queries, position_encoding=rng.normal(size=(T + rows, D)).astype("float32"),
+                  content_bias=rng.normal(size=(H, DH)).astype("float32"),
+                  position_bias=rng.normal(size=(H, DH)).astype("float32"),
+                  attention_mask=ops.array(rng.random((T, T + rows)) < 0.8))
+    want = layer(h, context_kv=(joined[:H], joined[H:]), **kwargs)
+    got = layer(h, context_kv=(segment[:H], segment[H:]), memory_ring=(ring, np.int32(offset)),
+                memory_ring_rows=rows, **kwargs)
+    np.testing.assert_allclose(to_np(got), to_np(want), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="head-major"):
+        layer(h, context_kv=segment_kv, memory_ring=(ring, np.int32(offset)), **kwargs)

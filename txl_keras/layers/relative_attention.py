@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from txl_keras.layers.key_value_memory import ring_rows
 from txl_keras.layers.relative_shift import relative_shift
 from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.weight_initializers import weight_initializer
@@ -76,6 +77,14 @@ class RelativeAttention(keras.layers.Layer):
             `[memory, inputs]` (`project_kv` of each row), or the same head-major, a
             pair `(keys, values)` of `(H, batch_size, K, Dh)` (`head_major`), the layout
             the scores multiply; `memory` is then not projected.
+        memory_ring: optional `(ring, offset)`: the memory's keys and values as one
+            head-major ring buffer `(2 * H, batch_size, capacity, Dh)` (the keys' heads
+            first) whose oldest row is at slot `offset` (an int32 scalar); its last
+            `memory_ring_rows` rows (default: all) in time order come before the
+            segment's own keys and values, `context_kv` (then head-major). They are
+            joined one head group at a time, never for all heads at once (45 MB per
+            layer and part at wt103's evaluation at batch 8).
+        memory_ring_rows: optional int, see `memory_ring`.
         queries: optional `(batch_size, T, H * Dh)`, the queries of `inputs` as
             `project_qkv` gives them with the inputs' keys and values (the caller then
             passes those in `context_kv`), not projected again.
@@ -217,6 +226,8 @@ class RelativeAttention(keras.layers.Layer):
         position_keys=None,
         clamp_len=None,
         queries=None,
+        memory_ring=None,
+        memory_ring_rows=None,
         training=False,
     ):
         inner = self.num_heads * self.head_dim
@@ -238,6 +249,9 @@ class RelativeAttention(keras.layers.Layer):
             context_kv = ops.matmul(context, kv_kernel)
         if isinstance(context_kv, (tuple, list)):  # head-major already
             keys, values = (ops.cast(x, self.compute_dtype) for x in context_kv)
+        elif memory_ring is not None:
+            raise ValueError("`memory_ring` comes before the segment's own keys and values, which it needs "
+                             "head-major: pass `context_kv=(keys, values)` (`head_major`).")
         else:
             keys, values = (ops.transpose(self._heads(x), (2, 0, 1, 3))
                             for x in ops.split(ops.cast(context_kv, self.compute_dtype), 2, axis=-1))
@@ -250,6 +264,9 @@ class RelativeAttention(keras.layers.Layer):
         q = ops.transpose(q, (2, 0, 1, 3)) * scale  # (H, B, T, Dh)
         batch, query_length = ops.shape(q)[1], ops.shape(q)[2]
         key_length = ops.shape(keys)[2]  # keys and values (H, B, K, Dh)
+        if memory_ring is not None:
+            memory_ring_rows = memory_ring_rows or ops.shape(memory_ring[0])[2]
+            key_length = memory_ring_rows + key_length
         content_q = q if content_bias is None else q + scale * ops.cast(content_bias, q.dtype)[:, None, None]
         position = None
         if position_keys is not None or position_encoding is not None:
@@ -277,29 +294,45 @@ class RelativeAttention(keras.layers.Layer):
         # once): the same values in a fraction of the memory at long memory (wt103's
         # evaluation at batch 8: 71 MB per score tensor of all heads).
         group = self.num_heads if training else _head_group(self.num_heads, batch, query_length, key_length)
+        count = self.num_heads // group
+        # Each group's queries, keys, values and position tensors, then (with a ring) its index.
+        parts = [content_q, keys, values] + ([] if position is None else [x for x in position[:3] if x is not None])
+
+        def attend(parts):
+            group_keys, group_values = parts[1], parts[2]
+            if memory_ring is not None:
+                first, parts = parts[-1] * group, parts[:-1]
+                group_keys = self._joined(memory_ring, memory_ring_rows, first, group_keys)
+                group_values = self._joined(memory_ring, memory_ring_rows, first + self.num_heads, group_values)
+            group_position = None
+            if position is not None:
+                bias = parts[5] if len(parts) > 5 else None
+                group_position = (parts[3], parts[4], bias, position[3])
+            return self._attend(parts[0], group_keys, group_values, mask, group_position, training)
+
         if group == self.num_heads:
-            attended = self._attend(content_q, keys, values, mask, position, training)
+            attended = attend(parts + ([] if memory_ring is None else [0]))
         else:
-            count = self.num_heads // group
 
             def grouped(x):
                 return ops.reshape(x, (count, group) + tuple(ops.shape(x)[1:]))
 
-            def attend(parts):  # one group's queries, keys, values, then its position tensors
-                group_position = None
-                if position is not None:
-                    bias = parts[5] if len(parts) > 5 else None
-                    group_position = (parts[3], parts[4], bias, position[3])
-                return self._attend(parts[0], parts[1], parts[2], mask, group_position, training)
-
-            parts = [content_q, keys, values] + ([] if position is None else [x for x in position[:3] if x is not None])
-            attended = ops.map(attend, tuple(grouped(x) for x in parts))  # (count, group, B, T, Dh)
+            index = [] if memory_ring is None else [ops.arange(count, dtype="int32")]
+            attended = ops.map(attend, tuple([grouped(x) for x in parts] + index))  # (count, group, B, T, Dh)
             attended = ops.reshape(attended, (self.num_heads,) + tuple(ops.shape(attended)[2:]))
         attended = ops.reshape(ops.transpose(attended, (1, 2, 0, 3)), (batch, query_length, inner))
         output = self.output_dropout(ops.matmul(attended, self.o_kernel), training=training)
         if self.pre_lnorm:
             return inputs + output
         return self._norm(inputs + output)
+
+    def _joined(self, memory_ring, rows, first, segment):
+        """Heads `first, ...` of the ring in time order, then the segment's `(h, B, T, Dh)`:
+        `(h, B, rows + T, Dh)`; the heads' slice, the ring's rotation and the joining
+        are one copy (XLA fuses them)."""
+        ring, offset = memory_ring
+        part = ops.slice(ring, [first, 0, 0, 0], (ops.shape(segment)[0],) + tuple(ops.shape(ring)[1:]))
+        return ops.concatenate([ops.cast(ring_rows(part, offset, rows), self.compute_dtype), segment], axis=2)
 
     def _attend(self, content_q, keys, values, mask, position, training):
         """Attention of some heads `h`: queries `(h, B, T, Dh)`, keys `(h, B, K, Dh)`,

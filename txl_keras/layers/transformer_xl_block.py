@@ -26,8 +26,8 @@ class TransformerXLBlock(keras.layers.Layer):
     Call arguments:
         inputs: `(batch_size, T, hidden_dim)`.
         memory, position_encoding, content_bias, position_bias, position_score_bias,
-        attention_mask, context_kv, queries, position_keys, clamp_len: as in
-            `RelativeAttention`.
+        attention_mask, context_kv, queries, position_keys, clamp_len, memory_ring,
+        memory_ring_rows: as in `RelativeAttention`.
         training: bool.
 
     Returns:
@@ -103,6 +103,8 @@ class TransformerXLBlock(keras.layers.Layer):
         position_keys=None,
         clamp_len=None,
         queries=None,
+        memory_ring=None,
+        memory_ring_rows=None,
         training=False,
     ):
         x = self.attention(
@@ -117,6 +119,8 @@ class TransformerXLBlock(keras.layers.Layer):
             position_keys=position_keys,
             clamp_len=clamp_len,
             queries=queries,
+            memory_ring=memory_ring,
+            memory_ring_rows=memory_ring_rows,
             training=training,
         )
         return self.feed_forward(x, training=training)

@@ -6,7 +6,7 @@ from keras import ops
 
 from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.attention_mask import causal_attention_mask
-from txl_keras.layers.key_value_memory import head_major, ring_rows
+from txl_keras.layers.key_value_memory import head_major
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.relative_attention import distinct_distances
@@ -81,8 +81,9 @@ class TransformerXL(keras.Model):
         memory_kv_offset: optional int32 scalar: `memory_kv` are then the ring buffers
             of a `KeyValueMemory` (`read_rings()`: head-major, `(2 * n_head,
             batch_size, capacity, d_head)`), of at least `mem_len` rows, and this the
-            slot of the oldest row. Each layer puts its ring in time order
-            (`ring_rows`) as it runs, so no ordered copy of the whole memory is made.
+            slot of the oldest row. Each layer's attention reads its ring in time
+            order one head group at a time (`RelativeAttention`'s `memory_ring`), so
+            no ordered copy of the whole memory is made.
         block_program: optional callable that runs the blocks as `run_blocks(hidden,
             layers, static)` would (e.g. `SharedBlockProgram`: one compiled program that
             every group of blocks calls with its own weights).
@@ -412,7 +413,7 @@ class TransformerXL(keras.Model):
                    cache_kv, clamp_len, training, mem_len=None):
         """One block of the forward pass: `(hidden, keys and values of its rows)` (None
         without `cache_kv`). `memory_kv` is this layer's (a ring with `memory_kv_offset`,
-        read here as its last `mem_len` rows in time order); `positions` the block's
+        read by the attention as its last `mem_len` rows in time order); `positions` the block's
         position arguments (`position_encoding` or `position_keys`, biases); `absolute`
         what attn_type 3 adds to its input (else None)."""
         if absolute is not None:
@@ -426,14 +427,11 @@ class TransformerXL(keras.Model):
             if memory_kv is None:
                 kwargs["context_kv"] = current_kv
             elif memory_kv_offset is not None:  # a head-major ring: keys and values as the scores take them
-                # (each part rotated by itself: one rotation of the whole ring read twice
-                # would be a copy of it, where XLA fuses each into its concatenation)
+                # (joined to the segment's by the attention, one head group at a time)
                 heads = self.config.n_head
                 current = head_major(current_kv, heads)
-                kwargs["context_kv"] = tuple(
-                    ops.concatenate([ops.cast(ring_rows(memory_kv[part], memory_kv_offset, mem_len),
-                                              self.compute_dtype), current[part]], axis=2)
-                    for part in (slice(0, heads), slice(heads, 2 * heads)))
+                kwargs["context_kv"] = (current[:heads], current[heads:])
+                kwargs["memory_ring"], kwargs["memory_ring_rows"] = (memory_kv, memory_kv_offset), mem_len
             else:
                 kwargs["context_kv"] = ops.concatenate([ops.cast(memory_kv, self.compute_dtype), current_kv], axis=1)
         return block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs), current_kv
