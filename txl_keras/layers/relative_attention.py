@@ -265,7 +265,8 @@ class RelativeAttention(keras.layers.Layer):
         batch, query_length = ops.shape(q)[1], ops.shape(q)[2]
         key_length = ops.shape(keys)[2]  # keys and values (H, B, K, Dh)
         if memory_ring is not None:
-            memory_ring_rows = memory_ring_rows or ops.shape(memory_ring[0])[2]
+            if memory_ring_rows is None:
+                memory_ring_rows = ops.shape(memory_ring[0])[2]
             key_length = memory_ring_rows + key_length
         content_q = q if content_bias is None else q + scale * ops.cast(content_bias, q.dtype)[:, None, None]
         position = None
