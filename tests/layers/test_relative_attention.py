@@ -177,6 +177,49 @@ def test_attention_pre_lnorm_matches_brute_force():
     run_attention(mem_len=3, pre_lnorm=True)
 
 
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_attention_gradients_match_finite_differences_of_the_reference(pre_lnorm):
+    """The gradients with respect to the segment and to the memory (whose keys and values
+    the layer projects by a product of their own) against central differences of the
+    numpy reference, in float64."""
+    from conftest import gradient
+
+    rng = np.random.default_rng(5)
+    mem_len = 3
+    layer = RelativeAttention(H, DH, pre_lnorm=pre_lnorm)
+    h = rng.normal(size=(B, T, D)).astype("float32")
+    mem = rng.normal(size=(B, mem_len, D)).astype("float32")
+    u, v = rng.normal(size=(2, H, DH)).astype("float32")
+    cotangent = rng.normal(size=(B, T, D))
+    kwargs = dict(position_encoding=PositionalEmbedding(D)(relative_positions(T + mem_len)), content_bias=u,
+                  position_bias=v, attention_mask=causal_attention_mask(T, mem_len))
+    layer(h, memory=mem, **kwargs)
+    randomize(layer)
+    weights = attention_weights(layer)
+
+    def loss(segment, memory):
+        out = reference.relative_attention(segment, memory, weights, H, DH, u=u, v=v, pre_lnorm=pre_lnorm)
+        return (out * cotangent).sum()
+
+    def central_differences(x, of):
+        eps, x = 1e-5, x.astype(np.float64)
+        grad = np.zeros_like(x)
+        for index in np.ndindex(*x.shape):
+            step = np.zeros_like(x)
+            step[index] = eps
+            grad[index] = (of(x + step) - of(x - step)) / (2 * eps)
+        return grad
+
+    weight = ops.convert_to_tensor(cotangent.astype("float32"))
+    got_memory = gradient(lambda x: layer(h, memory=x, **kwargs) * weight, mem)
+    got_segment = gradient(lambda x: layer(x, memory=mem, **kwargs) * weight, h)
+    want_memory = central_differences(mem, lambda x: loss(h.astype(np.float64), x))
+    want_segment = central_differences(h, lambda x: loss(x, mem.astype(np.float64)))
+    assert np.abs(want_memory).max() > 0.1  # the memory does move the output
+    np.testing.assert_allclose(got_memory, want_memory, rtol=1e-3, atol=2e-4)
+    np.testing.assert_allclose(got_segment, want_segment, rtol=1e-3, atol=2e-4)
+
+
 @pytest.mark.parametrize("learned", [False, True])
 def test_attention_in_head_groups_matches_brute_force(monkeypatch, learned):
     """Outside training, heads whose scores exceed SCORE_BYTES go one group at a time."""
