@@ -177,11 +177,12 @@ def test_attention_pre_lnorm_matches_brute_force():
     run_attention(mem_len=3, pre_lnorm=True)
 
 
-@pytest.mark.parametrize("pre_lnorm", [False, True])
-def test_attention_gradients_match_finite_differences_of_the_reference(pre_lnorm):
+@pytest.mark.parametrize("pre_lnorm,training", [(False, False), (False, True), (True, True)])
+def test_attention_gradients_match_finite_differences_of_the_reference(pre_lnorm, training):
     """The gradients with respect to the segment and to the memory (whose keys and values
     the layer projects by a product of their own) against central differences of the
-    numpy reference, in float64."""
+    numpy reference, in float64; in training (no dropout here) through the softmax's
+    written-out gradient (`weighted_values`)."""
     from conftest import gradient
 
     rng = np.random.default_rng(5)
@@ -211,8 +212,8 @@ def test_attention_gradients_match_finite_differences_of_the_reference(pre_lnorm
         return grad
 
     weight = ops.convert_to_tensor(cotangent.astype("float32"))
-    got_memory = gradient(lambda x: layer(h, memory=x, **kwargs) * weight, mem)
-    got_segment = gradient(lambda x: layer(x, memory=mem, **kwargs) * weight, h)
+    got_memory = gradient(lambda x: layer(h, memory=x, training=training, **kwargs) * weight, mem)
+    got_segment = gradient(lambda x: layer(x, memory=mem, training=training, **kwargs) * weight, h)
     want_memory = central_differences(mem, lambda x: loss(h.astype(np.float64), x))
     want_segment = central_differences(h, lambda x: loss(x, mem.astype(np.float64)))
     assert np.abs(want_memory).max() > 0.1  # the memory does move the output
