@@ -154,9 +154,12 @@ class MemoryCache(keras.layers.Layer):
 
     def read(self):
         """The stored `(memories, valid)`: list of `(batch_size, mem_len, hidden_dim)`
-        tensors and an int32 scalar."""
+        tensors and an int32 scalar. The memories are snapshots: on PyTorch a variable's
+        value is its storage, which `write` updates in place while the step's backward
+        pass may still need the memory it read (the attention's key and value product
+        keeps it for the kernel's gradient); TensorFlow's reads are snapshots already."""
         self._check_stateful("read")
-        return [v.value for v in self.memory_variables], self.valid_variable.value
+        return [ops.copy(v.value) for v in self.memory_variables], self.valid_variable.value
 
     def write(self, memories, valid):
         """Store memories of shape `(batch_size, mem_len, hidden_dim)` and the count of
