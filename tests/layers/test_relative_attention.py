@@ -1,7 +1,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import attention_weights, randomize, to_np
+from conftest import attention_weights, central_differences, gradient, randomize, to_np
 from keras import ops
 
 import reference
@@ -183,8 +183,6 @@ def test_attention_gradients_match_finite_differences_of_the_reference(pre_lnorm
     the layer projects by a product of their own) against central differences of the
     numpy reference, in float64; in training (no dropout here) through the softmax's
     written-out gradient (`weighted_values`)."""
-    from conftest import gradient
-
     rng = np.random.default_rng(5)
     mem_len = 3
     layer = RelativeAttention(H, DH, pre_lnorm=pre_lnorm)
@@ -202,20 +200,11 @@ def test_attention_gradients_match_finite_differences_of_the_reference(pre_lnorm
         out = reference.relative_attention(segment, memory, weights, H, DH, u=u, v=v, pre_lnorm=pre_lnorm)
         return (out * cotangent).sum()
 
-    def central_differences(x, of):
-        eps, x = 1e-5, x.astype(np.float64)
-        grad = np.zeros_like(x)
-        for index in np.ndindex(*x.shape):
-            step = np.zeros_like(x)
-            step[index] = eps
-            grad[index] = (of(x + step) - of(x - step)) / (2 * eps)
-        return grad
-
     weight = ops.convert_to_tensor(cotangent.astype("float32"))
     got_memory = gradient(lambda x: layer(h, memory=x, training=training, **kwargs) * weight, mem)
     got_segment = gradient(lambda x: layer(x, memory=mem, training=training, **kwargs) * weight, h)
-    want_memory = central_differences(mem, lambda x: loss(h.astype(np.float64), x))
-    want_segment = central_differences(h, lambda x: loss(x, mem.astype(np.float64)))
+    want_memory = central_differences(lambda x: loss(h.astype(np.float64), x), mem)
+    want_segment = central_differences(lambda x: loss(x, mem.astype(np.float64)), h)
     assert np.abs(want_memory).max() > 0.1  # the memory does move the output
     np.testing.assert_allclose(got_memory, want_memory, rtol=1e-3, atol=2e-4)
     np.testing.assert_allclose(got_segment, want_segment, rtol=1e-3, atol=2e-4)
