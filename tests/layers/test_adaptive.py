@@ -101,6 +101,35 @@ def test_nll_without_gradients_taken_piece_by_piece_matches_reference(case, tail
         np.testing.assert_allclose(lean(h, targets).numpy(), want, atol=1e-4)
 
 
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="counts TensorFlow graph operations")
+@pytest.mark.parametrize("cutoffs", [[], [60, 120]])
+def test_nll_without_gradients_traces_one_piece_however_many_the_vocabulary_has(cutoffs, monkeypatch):
+    """The pieces of the lean NLL go through one loop: its graph (loop bodies included) is
+    the same size for 60 pieces as for 20, and both give the gathered log-probabilities."""
+    import tensorflow as tf
+
+    from txl_keras.layers import adaptive_softmax
+
+    vocab = 240  # clusters of 240, or 60 / 60 / 120 words: whole pieces of 4 or 12 rows
+    monkeypatch.setattr(adaptive_softmax, "PIECE_ALIGN", 1)
+    soft = AdaptiveSoftmax(vocab, E, D, cutoffs=cutoffs, tie_weight=False, tie_projs=[False] * (len(cutoffs) + 1))
+    soft.build()
+    randomize(soft, seed=6)
+    rng = np.random.default_rng(6)
+    h = rng.normal(size=(3, 7, D)).astype("float32")
+    targets = rng.integers(0, vocab, size=(3, 7)).astype("int32")
+    want = -np.take_along_axis(to_np(soft.log_probs(h)), targets[..., None], -1)[..., 0]
+    spec = tf.TensorSpec((None, 7, D), "float32"), tf.TensorSpec((None, 7), "int32")  # rows unknown: PIECE_ROWS
+    sizes = []
+    for rows in (4, 12):
+        monkeypatch.setattr(adaptive_softmax, "PIECE_ROWS", rows)
+        lean = tf.function(lambda h, t: soft(h, t, training=False), input_signature=spec)
+        graph = lean.get_concrete_function().graph.as_graph_def()
+        sizes.append(len(graph.node) + sum(len(f.node_def) for f in graph.library.function))
+        np.testing.assert_allclose(lean(h, targets).numpy(), want, atol=1e-4)
+    assert sizes[0] == sizes[1]
+
+
 @pytest.mark.parametrize("rows", [5, 0])
 def test_sparse_nll_and_its_gradient_match_numpy(rows):
     rng = np.random.default_rng(7)

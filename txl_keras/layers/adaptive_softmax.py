@@ -19,7 +19,6 @@ FEW_ROWS = 32  # rows of a table per row of hidden states above which the table 
 PIECE_VALUES = 1 << 20
 PIECE_ROWS = 1 << 14
 PIECE_ALIGN = 64  # pieces start at multiples of 64 rows (row_blocks then shares the table)
-PIECES_IN_FLIGHT = 4  # pieces whose logits a graph executor may compute ahead (`_after`)
 
 
 def row_blocks(table, low, high):
@@ -297,46 +296,64 @@ class AdaptiveSoftmax(keras.layers.Layer):
         # take_along_axis would cost a scatter over all logits instead.
         return sparse_nll(self._logits_of(hidden, blocks, bias, proj), targets)
 
-    def _pieces(self, i, n):
-        """Cluster `i`'s vocabulary in pieces for `_lean_nll`: `(row blocks, bias, first
-        column)` each, and for the head its tail-cluster logits (`cluster_W`) last."""
-        table, bias, _ = self.cluster_weights(i)
-        rows = self.bounds[i + 1] - self.bounds[i]
-        base = self.bounds[i] if self.div_val == 1 else 0
-        step = PIECE_ROWS if n is None else max(PIECE_ALIGN, PIECE_VALUES // max(n, 1) // PIECE_ALIGN * PIECE_ALIGN)
-        pieces = [(row_blocks(table, base + start, base + min(start + step, rows)), bias[start:start + step], start)
-                  for start in range(0, rows, step)]
-        if i == 0 and self.cutoffs:
-            pieces.append(([self.cluster_W], self.cluster_b, rows))
-        return pieces
+    def _piece_rows(self, n):
+        """Rows of the vocabulary per piece of `_lean_nll` for `n` rows of hidden states
+        (None: unknown), a multiple of `PIECE_ALIGN`."""
+        if n is None:
+            return PIECE_ROWS
+        return max(PIECE_ALIGN, PIECE_VALUES // max(n, 1) // PIECE_ALIGN * PIECE_ALIGN)
 
     def _lean_nll(self, i, hidden, targets, after=None):
         """Cluster `i`'s NLL of `targets` (columns of the cluster's logits, the head's
-        tail columns included) as log-sum-exp minus the target's logit, over the
-        vocabulary piece by piece: no logits of the whole cluster, no copy of its table
-        (for wt103 at batch 8, the head's 82 MB logits and their softmax). Piece `k`
-        starts once piece `k - PIECES_IN_FLIGHT` has its maximum (the first ones once
-        `after` is computed), see `_after`."""
-        x = self._project(hidden, self.cluster_weights(i)[2])
-        maxima, sums, picked = [], [], None
-        gates = [after] * PIECES_IN_FLIGHT
-        for blocks, bias, start in self._pieces(i, hidden.shape[0]):
-            gate = gates[-PIECES_IN_FLIGHT]
-            logits = self._projected_logits(x if gate is None else _after(x, gate), blocks, bias)
+        tail columns included) without the logits of the whole cluster or a copy of its
+        table (for wt103 at batch 8, the head's 82 MB logits and their softmax): the
+        log-sum-exp is kept online over the vocabulary's pieces, the whole pieces by one
+        loop (one piece's operations in the graph, not one set per piece: for wt103 at
+        1,024 tokens ~4,000 graph operations and ~40 MB of the process's heap otherwise),
+        then the rows left and, for the head, its tail-cluster logits. Each piece's
+        logits wait for the previous piece's maximum (`_after`), so at most two pieces'
+        logits exist at once (the first once `after` is computed)."""
+        table, bias, proj = self.cluster_weights(i)
+        x = self._project(hidden, proj)
+        rows = self.bounds[i + 1] - self.bounds[i]
+        base = self.bounds[i] if self.div_val == 1 else 0
+        step = min(self._piece_rows(hidden.shape[0]), rows)
+        whole = rows // step
+        start_top = ops.full(ops.shape(targets), float("-inf"), "float32")
+        state = (start_top if after is None else _after(start_top, after),
+                 ops.zeros(ops.shape(targets), "float32"), ops.zeros(ops.shape(targets), "float32"))
+
+        def add_piece(state, blocks, piece_bias, start):
+            top, total, picked = state
+            logits = self._projected_logits(_after(x, top), blocks, piece_bias)
             width = logits.shape[-1]
             # (with `initial`, no tokens is no error; kept dims: Keras's PyTorch max of no rows drops the axis)
-            top = ops.max(logits, axis=-1, keepdims=True, initial=float("-inf"))[:, 0]
-            maxima.append(top)
-            gates.append(top)
-            sums.append(ops.sum(ops.exp(logits - top[:, None]), axis=-1))
+            new_top = ops.maximum(top, ops.max(logits, axis=-1, keepdims=True, initial=float("-inf"))[:, 0])
+            total = total * ops.exp(top - new_top) + ops.sum(ops.exp(logits - new_top[:, None]), axis=-1)
             local = targets - start
             value = ops.take_along_axis(logits, ops.clip(local, 0, width - 1)[:, None], axis=-1)[:, 0]
-            value = ops.where(ops.logical_and(local >= 0, local < width), value, 0.0)
-            picked = value if picked is None else picked + value
-        top = maxima[0]
-        for other in maxima[1:]:
-            top = ops.maximum(top, other)
-        total = sum(s * ops.exp(m - top) for s, m in zip(sums, maxima))
+            return new_top, total, picked + ops.where(ops.logical_and(local >= 0, local < width), value, 0.0)
+
+        if whole > 1:
+            # A piece of the flat table: where its first row's offset is a multiple of 64
+            # bytes TensorFlow shares the table's buffer (see `row_blocks`), else copies it.
+            flat, width = ops.reshape(table, (-1,)), table.shape[-1]
+            bias_values = ops.convert_to_tensor(bias)  # (JAX's loop takes arrays, not variables)
+
+            def body(k, state):
+                start = k * step
+                block = ops.reshape(ops.slice(flat, ((base + start) * width,), (step * width,)), (step, width))
+                return add_piece(state, [block], ops.slice(bias_values, (start,), (step,)), start)
+
+            state = ops.fori_loop(0, whole, body, state)
+        else:
+            state = add_piece(state, row_blocks(table, base, base + step), bias[:step], 0)
+        done = whole * step
+        if done < rows:
+            state = add_piece(state, row_blocks(table, base + done, base + rows), bias[done:], done)
+        if i == 0 and self.cutoffs:
+            state = add_piece(state, [self.cluster_W], self.cluster_b, rows)
+        top, total, picked = state
         return top + ops.log(total) - picked
 
     def _head_weights(self):
