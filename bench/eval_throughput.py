@@ -6,10 +6,10 @@ and the paper's evaluation-speed experiment at small scale.
 1. Long-memory evaluation (tgt_len 64, mem_len 320, clamp_len 400, same_length), char-small
    model, batch 16: tokens/s of both, side by side, alternating, fresh processes. Ours as
    the trainers' evaluation runs by default: XLA-compiled, the memory held as its keys and
-   values (ring buffers written in place) instead of re-projected, the position keys
-   projected once per pass; `--ablations` adds runs without XLA and without the keys and
-   values (TXL_BENCH_XLA=0, TXL_BENCH_KV=0). Peak memory is also given above the RSS right
-   after importing the framework (TensorFlow's import is ~400 MB larger than torch's).
+   values (ring buffers written in place) instead of re-projected; `--ablations` adds runs
+   without XLA and without the keys and values (TXL_BENCH_XLA=0, TXL_BENCH_KV=0). Peak
+   memory is also given above the RSS right after importing the framework (TensorFlow's
+   import is ~400 MB larger than torch's).
    `--model=wt103_base` instead: the paper's wt103 evaluation (tgt_len 128, mem_len 1,600,
    clamp_len 1,000, same_length, zero-filled memory as the converted weights have) of the
    `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) on

@@ -7,6 +7,7 @@ import tensorflow as tf
 from conftest import randomize
 from helpers import build, make, weights
 
+from txl_keras.models.transformer_xl import TransformerXL
 from txl_keras.training import NonFiniteLossError, latest_checkpoint
 
 
@@ -69,6 +70,8 @@ def test_memory_persists_across_host_loop_calls(tmp_path):
 @pytest.mark.parametrize("eval_settings", [  # other tgt/mem/clamp/same_length: test_trainer_options.py
     {},
     {"model": {"pre_lnorm": True, "mem_init": "zeros"}},  # cached keys/values of a zero memory
+    # the position keys projected once per pass (at batch 1 they are not: POSITION_KEYS_SHARE)
+    {"model": {"pre_lnorm": True, "mem_init": "zeros"}, "position_keys_share": float("inf")},
     # an adaptive softmax scores 3 segments per call (SCORE_TOKENS), the last group partial
     {"model": {"cutoffs": [5, 12], "div_val": 2, "d_embed": 16}, "score_tokens": 24},
 ])
@@ -78,6 +81,13 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypat
 
     eval_settings = dict(eval_settings)
     monkeypatch.setattr(trainer_module, "SCORE_TOKENS", eval_settings.pop("score_tokens", 0))
+    keep_positions = "position_keys_share" in eval_settings
+    monkeypatch.setattr(trainer_module, "POSITION_KEYS_SHARE",
+                        eval_settings.pop("position_keys_share", trainer_module.POSITION_KEYS_SHARE))
+    projected = []
+    project_positions = TransformerXL.project_positions
+    monkeypatch.setattr(TransformerXL, "project_positions",
+                        lambda self, *args: projected.append(args) or project_positions(self, *args))
     tgt = eval_settings.get("eval_tgt_len", 8)
     records = build(str(tmp_path), eval_batch=1, tgt_len=8)
     if tgt != 8:
@@ -89,6 +99,7 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypat
     if "model" in eval_settings:  # layer-norm biases far from zero: a zero memory's keys are not zero
         randomize(trainer.model, scale=0.5)
     result = trainer.evaluate(progress=False)
+    assert bool(projected) == keep_positions
     corpus = load_corpus("text", text=str(tmp_path / "corpus.txt"), level="char")
     ids = corpus.split_ids["valid"]()
     assert result["tokens"] == len(ids) - 1 == result["expected_tokens"]

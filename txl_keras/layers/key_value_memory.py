@@ -152,14 +152,17 @@ class KeyValueMemory(keras.layers.Layer):
 
     def reset(self, kvs=None, valid=0):
         # The given rows fill the last mem_len slots; the next append overwrites slot 0.
+        start = self.capacity - self.mem_len
         for i, ring in enumerate(self.rings):
-            rows = ops.zeros(ring.shape, ring.dtype)
-            if kvs is not None:
-                start = self.capacity - self.mem_len
-                # (laid out before broadcasting: one row for every slot stays one row)
-                given = head_major(ops.cast(kvs[i], ring.dtype), self.num_heads)
-                given = ops.broadcast_to(given, tuple(ring.shape[:2]) + (self.mem_len, ring.shape[3]))
-                rows = ops.concatenate([rows[:, :, :start], given], axis=2)
+            if kvs is None:
+                ring.assign(ops.zeros(ring.shape, ring.dtype))
+                continue
+            # (laid out before broadcasting: one row for every slot stays one row)
+            given = head_major(ops.cast(kvs[i], ring.dtype), self.num_heads)
+            rows = ops.broadcast_to(given, tuple(ring.shape[:2]) + (self.mem_len, ring.shape[3]))
+            if start:
+                rows = ops.concatenate([ops.zeros(tuple(ring.shape[:2]) + (start, ring.shape[3]), ring.dtype), rows],
+                                       axis=2)
             ring.assign(rows)
         self.offset.assign(0)
         self.valid.assign(ops.cast(valid, "int32"))

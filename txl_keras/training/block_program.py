@@ -4,7 +4,7 @@ with its own weights."""
 import keras
 import tensorflow as tf
 
-MAX_GROUP = 4
+MAX_GROUP = 2
 
 
 class SharedBlockProgram:
@@ -15,14 +15,15 @@ class SharedBlockProgram:
 
     Compiling the whole stack as one program makes XLA compile and keep every block (for
     wt103_base's 16 layers, ~11 MB of compiler memory and code per layer that the process
-    keeps). A group of 4 compiles a quarter of that and runs as fast as the whole stack,
+    keeps). A group of 2 compiles an eighth of that: wt103's evaluation peaks 15-20 MB
+    lower at batch 1 and ~50 MB lower at batch 8 than with groups of 4, at the same speed,
     where single blocks lost 10-20% at batch 1 (XLA runs independent work of successive
     blocks side by side). Between groups the hidden states `(batch_size, T, d_model)`
     pass through TensorFlow.
 
     Args:
         backbone: the `TransformerXL` whose blocks it runs.
-        group: blocks per program (default: the largest divisor of `n_layer` up to 4).
+        group: blocks per program (default: the largest divisor of `n_layer` up to 2).
 
     Call arguments and returns: those of `TransformerXL.run_blocks(hidden, layers,
     static)`.

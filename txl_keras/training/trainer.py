@@ -36,6 +36,7 @@ LN2 = math.log(2.0)
 # ~20 of its tokens a segment of 128 has), so scoring 8 segments at once at batch 1
 # reads each table once instead of 8 times.
 SCORE_TOKENS = 1024
+POSITION_KEYS_SHARE = 1 / 8  # of the memory's keys and values (see _build_eval_step)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -468,9 +469,6 @@ class Trainer:
         # states (the weights do not change): each segment projects only its own rows, ~1.5x
         # fewer FLOPs at mem_len 5 tgt_len, and writes them in place (KeyValueMemory).
         cache_kv = model.backbone.can_cache_kv and settings.mem_len > 0
-        # The paper's position keys are projected once per pass too (a third of the FLOPs
-        # of a segment at batch 1 with mem_len 1,600).
-        keep_positions = cache_kv and settings.attn_type == 0
         inner = settings.n_head * settings.d_head
         with self.strategy.scope():
             if cache_kv:
@@ -479,13 +477,20 @@ class Trainer:
                                         dtype=self.tc.precision)
             else:
                 memory = self._memory(settings.mem_len, batch)
+            # The paper's position keys are projected once per pass too, where they take at
+            # most POSITION_KEYS_SHARE of the memory's keys and values: wt103's at batch 8
+            # (26 MB against 672; 1.5% of a segment's time, 4.7% of char-small's at batch 16),
+            # not at batch 1 (26 MB against 84; there they save 10% of the time, and the
+            # evaluation's peak is ~25 MB lower without them).
             position_rows = model.backbone.position_key_length(settings.mem_len + tgt_len, settings.clamp_len)
+            keep_positions = cache_kv and settings.attn_type == 0 and \
+                position_rows <= POSITION_KEYS_SHARE * 2 * batch * memory.capacity
             positions = [state_variable("zeros", (settings.n_head, settings.d_head, position_rows), model.compute_dtype,
                                         f"position_keys_{i}") for i in range(settings.n_layer)] \
                 if keep_positions else None
         jit = self.eval_uses_xla
         # Unless every step is compiled (TPUs, --xla), the blocks run as one compiled program
-        # that each group of 4 calls with its weights (a quarter of the compiler's memory).
+        # that each group of 2 calls with its weights (an eighth of the compiler's memory).
         program = SharedBlockProgram(model.backbone) if jit and not self.compiled else None
 
         def backbone(inputs):
@@ -538,14 +543,17 @@ class Trainer:
             for variable, value in zip(positions, keys):
                 variable.assign(value)
 
-        compiled_reset = tf.function(reset, jit_compile=True) if jit else reset
-        # The position keys by a function of their own, compiled only where every step is:
-        # inside the reset's XLA program, XLA:CPU's compiler and runtime kept more heap
-        # (wt103 at batch 8: the evaluation's peak RSS 2,511-2,520 MB against 2,488-2,490).
-        positions_fn = tf.function(assign_positions, jit_compile=self.compiled) if keep_positions else None
+        # Where every step is compiled the reset is one XLA program (the rings written in
+        # place) and the position keys another (inside the reset's, XLA:CPU's compiler and
+        # runtime kept more heap: wt103 at batch 8, the evaluation's peak RSS 2,511-2,520 MB
+        # against 2,488-2,490). Else they run op by op, one ring's rows at a time: as an XLA
+        # program the reset cost ~15 MB of the compiler's heap at wt103's batch 1, and as a
+        # graph TensorFlow built every ring's rows at once (at batch 8 up to 16 x 42 MB).
+        compiled_reset = tf.function(reset, jit_compile=True) if self.compiled else reset
+        positions_fn = tf.function(assign_positions, jit_compile=True) if self.compiled else assign_positions
 
         def start():
-            # An argument made in the replica's context places the compiled call on its device.
+            # An argument made in the replica's context places the call on its device.
             compiled_reset(tf.constant(settings.mem_len if settings.mem_init == "zeros" else 0, tf.int32))
             if keep_positions:
                 positions_fn()
@@ -605,7 +613,9 @@ class Trainer:
                 nll, count = score_step(tf.constant(slot))
             return self._local(nll)[0], self._local(count)[0]
 
-        return tf.function(lambda: self.strategy.run(start)), replica_eval, eval_step
+        start_pass = tf.function(lambda: self.strategy.run(start)) if self.compiled \
+            else (lambda: self.strategy.run(start))
+        return start_pass, replica_eval, eval_step
 
     def evaluate(self, split=None, progress=True, summaries=True):
         """Score every target of a split exactly once with the evaluation settings.
