@@ -4,7 +4,7 @@ with its own weights."""
 import keras
 import tensorflow as tf
 
-MAX_GROUP = 2
+MAX_GROUP = 4
 
 
 class SharedBlockProgram:
@@ -15,15 +15,17 @@ class SharedBlockProgram:
 
     Compiling the whole stack as one program makes XLA compile and keep every block (for
     wt103_base's 16 layers, ~11 MB of compiler memory and code per layer that the process
-    keeps). A group of 2 compiles an eighth of that: wt103's evaluation peaks 15-20 MB
+    keeps). A group of 2 compiles an eighth of that: wt103's evaluation peaks 15-25 MB
     lower at batch 1 and ~50 MB lower at batch 8 than with groups of 4, at the same speed,
     where single blocks lost 10-20% at batch 1 (XLA runs independent work of successive
-    blocks side by side). Between groups the hidden states `(batch_size, T, d_model)`
-    pass through TensorFlow.
+    blocks side by side). So the default group is the smallest divisor of `n_layer` from 2
+    to `MAX_GROUP`, single blocks only where there is none. Between groups the hidden
+    states `(batch_size, T, d_model)` pass through TensorFlow.
 
     Args:
         backbone: the `TransformerXL` whose blocks it runs.
-        group: blocks per program (default: the largest divisor of `n_layer` up to 2).
+        group: blocks per program (default: the smallest divisor of `n_layer` from 2 to 4,
+            else 1).
 
     Call arguments and returns: those of `TransformerXL.run_blocks(hidden, layers,
     static)`.
@@ -31,7 +33,7 @@ class SharedBlockProgram:
 
     def __init__(self, backbone, group=None):
         count = len(backbone.blocks)
-        self.group = group or max(d for d in range(1, MAX_GROUP + 1) if count % d == 0)
+        self.group = group or min([d for d in range(2, MAX_GROUP + 1) if count % d == 0] or [1])
         if count % self.group:
             raise ValueError(f"group={self.group} does not divide the {count} blocks.")
         self.backbone = backbone

@@ -490,7 +490,7 @@ class Trainer:
                 if keep_positions else None
         jit = self.eval_uses_xla
         # Unless every step is compiled (TPUs, --xla), the blocks run as one compiled program
-        # that each group of 2 calls with its weights (an eighth of the compiler's memory).
+        # that each group of blocks (2 for wt103) calls with its weights (SharedBlockProgram).
         program = SharedBlockProgram(model.backbone) if jit and not self.compiled else None
 
         def backbone(inputs):
