@@ -4,6 +4,7 @@ from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
 from txl_keras.layers.attention_mask import causal_attention_mask
 from txl_keras.layers.key_value_memory import KeyValueMemory
+from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.positionwise_feed_forward import PositionwiseFeedForward
@@ -16,6 +17,7 @@ __all__ = [
     "AdaptiveEmbedding",
     "AdaptiveSoftmax",
     "KeyValueMemory",
+    "LayerNorm",
     "MemoryCache",
     "PositionalEmbedding",
     "PositionwiseFeedForward",

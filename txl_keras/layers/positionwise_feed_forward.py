@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.weight_initializers import copy_initializer
 
@@ -60,7 +61,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.layer_2 = None
         self.inner_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
         self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
-        self.layer_norm = keras.layers.LayerNormalization(
+        self.layer_norm = LayerNorm(
             epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm"
         )
 

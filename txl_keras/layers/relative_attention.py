@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from txl_keras.layers.key_value_memory import ring_rows
+from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.relative_shift import relative_shift
 from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.weight_initializers import weight_initializer
@@ -139,7 +140,7 @@ class RelativeAttention(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
         self.probs_dropout = ReplicaDropout(attention_dropout, dtype=self.dtype_policy)
-        self.layer_norm = keras.layers.LayerNormalization(
+        self.layer_norm = LayerNorm(
             epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm"
         )
 
