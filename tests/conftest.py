@@ -113,7 +113,6 @@ def gradient(fn, x):
     pytest.skip(f"no gradient helper for backend {backend}")
 
 
-
 def central_differences(fn, x, eps=1e-5):
     """d fn(x) / dx of a scalar numpy function by central differences, in float64."""
     x = np.asarray(x, np.float64)
@@ -123,6 +122,7 @@ def central_differences(fn, x, eps=1e-5):
         step[index] = eps
         grad[index] = (fn(x + step) - fn(x - step)) / (2 * eps)
     return grad
+
 
 SMALL_ADAPTIVE = dict(n_token=40, n_layer=2, d_model=12, n_head=2, d_head=6, d_inner=20, dropout=0.0,
                       tgt_len=4, mem_len=6, cutoffs=[10, 24], div_val=2, proj_share_all_but_first=True,
