@@ -210,6 +210,26 @@ def test_attention_gradients_match_finite_differences_of_the_reference(pre_lnorm
     np.testing.assert_allclose(got_segment, want_segment, rtol=1e-3, atol=2e-4)
 
 
+def test_query_key_scores_gradients_match_finite_differences():
+    """`query_key_scores` (queries @ keys^T, the keys' gradient computed transposed): its
+    values against numpy, and its gradients with respect to both operands, with an
+    upstream gradient that is not 1 and two batch axes, against central differences in
+    float64."""
+    rng = np.random.default_rng(8)
+    q = rng.normal(size=(2, 3, 4, 5)).astype("float32")
+    k = rng.normal(size=(2, 3, 6, 5)).astype("float32")
+    cotangent = rng.normal(size=(2, 3, 4, 6))
+    weight = ops.convert_to_tensor(cotangent.astype("float32"))
+    np.testing.assert_allclose(to_np(relative_attention.query_key_scores(ops.array(q), ops.array(k))),
+                               q @ np.swapaxes(k, -1, -2), rtol=1e-5, atol=1e-5)
+    got_q = gradient(lambda x: relative_attention.query_key_scores(x, ops.array(k)) * weight, q)
+    got_k = gradient(lambda x: relative_attention.query_key_scores(ops.array(q), x) * weight, k)
+    want_q = central_differences(lambda x: ((x @ np.swapaxes(k, -1, -2)) * cotangent).sum(), q)
+    want_k = central_differences(lambda x: ((q @ np.swapaxes(x, -1, -2)) * cotangent).sum(), k)
+    np.testing.assert_allclose(got_q, want_q, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got_k, want_k, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("learned", [False, True])
 def test_attention_in_head_groups_matches_brute_force(monkeypatch, learned):
     """Outside training, heads whose scores exceed SCORE_BYTES go one group at a time."""

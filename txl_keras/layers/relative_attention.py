@@ -47,7 +47,8 @@ class RelativeAttention(keras.layers.Layer):
 
     In training without `attention_dropout` the product of the probabilities with the
     values has its gradient written out (`weighted_values`: two passes over the scores
-    where autodiff's softmax gradient makes four).
+    where autodiff's softmax gradient makes four), and in training the content scores'
+    keys' gradient is computed transposed (`query_key_scores`).
 
     Outside training, the heads' scores are computed in groups of at most `SCORE_BYTES`
     (32 MB), one group after the other: the same values, without the several score-sized
@@ -350,7 +351,7 @@ class RelativeAttention(keras.layers.Layer):
         key_length = ops.shape(keys)[2]
         # (h, B, T, K); the transpose is the product's operand order, not a copy (XLA and
         # TensorFlow's graph optimizer fold it into the product).
-        scores = ops.matmul(content_q, ops.swapaxes(keys, -1, -2))
+        scores = query_key_scores(content_q, keys) if training else ops.matmul(content_q, ops.swapaxes(keys, -1, -2))
         if position is not None:
             position_q, r, bias, width = position
             position_q = ops.reshape(position_q, (heads, -1, self.head_dim))
@@ -433,6 +434,30 @@ def weighted_values(scores, values, dtype):
         return attended, grad
 
     return attend(scores, values)
+
+
+def query_key_scores(queries, keys):
+    """`queries @ keys^T` with its gradient written out: `(..., T, Dh)` and `(..., K, Dh)`
+    -> `(..., T, K)`.
+
+    Autodiff takes the keys' gradient as `upstream^T @ queries`, a batched product whose
+    first operand is a transposed score-sized tensor; this one computes it transposed,
+    `(queries^T @ upstream)^T`, which oneDNN's float32 batched product runs 15-35% faster
+    at training's shapes (a `(..., Dh, K)` transpose added). The queries' gradient is
+    autodiff's `upstream @ keys`. Word-level training: 0.992-0.997 of the time per step
+    (three in-process A/B runs); character-level 0.984."""
+
+    @ops.custom_gradient
+    def product(queries, keys):
+        def grad(*args, upstream=None):  # (TF and JAX pass `upstream` first, PyTorch by name)
+            upstream = args[0] if upstream is None else upstream
+            d_keys = ops.swapaxes(ops.matmul(ops.swapaxes(queries, -1, -2), upstream), -1, -2)
+            return ops.matmul(upstream, keys), d_keys
+
+        return ops.matmul(queries, ops.swapaxes(keys, -1, -2)), grad
+
+    # (a reshape reads a variable into a tensor: TensorFlow's custom gradients take tensors)
+    return product(*(ops.reshape(x, ops.shape(x)) for x in (queries, keys)))
 
 
 def _head_group(num_heads, batch, query_length, key_length):
