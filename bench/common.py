@@ -93,11 +93,23 @@ def run_worker(python, script, args, env=None):
     raise RuntimeError(f"{python} {script} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
 
 
+def run_rounds(rounds, workers):
+    """Run each `(name, run)` of `workers` once per round, in the given order in even rounds
+    and reversed in odd ones, so that a drift of the machine's speed during a run (this
+    project's VMs sped up by 10-25% over some runs) falls on every side alike instead of
+    always on the first; returns `{name: [run() of each round]}`."""
+    results = {name: [] for name, _ in workers}
+    for index in range(rounds):
+        for name, run in workers if index % 2 == 0 else workers[::-1]:
+            results[name].append(run())
+    return results
+
+
 def ratio_line(impl, ours, theirs):
     """The ratio of our tokens/s to `impl`'s: best of each, and round by round (the
     workers of one round run one after the other, so a slow phase of the machine affects
-    both sides of a round more alike than the best of each). `ours`, `theirs`: tokens/s
-    per round."""
+    both sides of a round more alike than the best of each; `run_rounds` alternates their
+    order). `ours`, `theirs`: tokens/s per round."""
     paired = [a / b for a, b in zip(ours, theirs)]
     rounds = ""
     if len(paired) > 1:

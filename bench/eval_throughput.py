@@ -30,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cluster_shares, configs, current_rss_mb, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_worker  # noqa: E402
+from common import cluster_shares, configs, current_rss_mb, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_rounds, run_worker  # noqa: E402
 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
 EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=6, zipf=True)
@@ -178,13 +178,13 @@ def main():
         return emit(speedup_worker(c, args.length))
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
     ablations = {"txl_keras no kv cache": {"TXL_BENCH_KV": "0"}, "txl_keras no XLA": {"TXL_BENCH_XLA": "0"}}
-    results = {"txl_keras": [], "hf": [], **({name: [] for name in ablations} if args.ablations else {})}
-    for _ in range(args.rounds):
-        results["txl_keras"].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg))
-        if args.hf_python:
-            results["hf"].append(run_worker(args.hf_python, __file__, ["--impl", "hf"] + config_arg))
-        for name, env in ablations.items() if args.ablations else ():
-            results[name].append(run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg, env=env))
+    workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg))]
+    if args.hf_python:
+        workers.append(("hf", lambda: run_worker(args.hf_python, __file__, ["--impl", "hf"] + config_arg)))
+    for name, env in ablations.items() if args.ablations else ():
+        workers.append((name, lambda env=env: run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg,
+                                                          env=env)))
+    results = run_rounds(args.rounds, workers)
     shares = cluster_shares(random_ids(200_000, c["n_token"], zipf=e.get("zipf", False)), c["cutoffs"], c["n_token"]) \
         if c["cutoffs"] else None
     flops = model_flops_per_token(c, training=False, mem_len=e["mem_len"], tgt_len=e["tgt_len"], shares=shares)

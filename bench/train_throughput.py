@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (CONFIG_NAMES, cluster_shares, configs, model_config, current_rss_mb, emit, matmul_ceiling_gflops,  # noqa: E402
-                    model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_worker)
+                    model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_rounds, run_worker)
 
 
 def ids_for(args, c, n):
@@ -264,14 +264,13 @@ def main():
               "--threads", str(args.threads), "--ids", args.ids, "--config_json", json.dumps(c)]
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
         + (["--profile"] if args.profile else [])
-    results = {"txl_keras": [], "hf": [], "original": []}
-    for _ in range(args.rounds):
-        results["txl_keras"].append(run_worker(sys.executable, __file__, ours_args))
-        if args.hf_python:
-            results["hf"].append(run_worker(args.hf_python, __file__, common + theirs + ["--impl", "hf"]))
-        if args.hf_python and args.original_pytorch:
-            results["original"].append(run_worker(args.hf_python, __file__, common + theirs + [
-                "--impl", "original", "--original_pytorch", os.path.abspath(args.original_pytorch)]))
+    workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ours_args))]
+    if args.hf_python:
+        workers.append(("hf", lambda: run_worker(args.hf_python, __file__, common + theirs + ["--impl", "hf"])))
+    if args.hf_python and args.original_pytorch:
+        workers.append(("original", lambda: run_worker(args.hf_python, __file__, common + theirs + [
+            "--impl", "original", "--original_pytorch", os.path.abspath(args.original_pytorch)])))
+    results = run_rounds(args.rounds, workers)
     shares = cluster_shares(ids_for(args, c, 200_000), c["cutoffs"], c["n_token"])
     flops = model_flops_per_token(c, shares=shares)
     ceiling = max(r["ceiling_gflops"] for r in results["txl_keras"])
