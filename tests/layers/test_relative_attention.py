@@ -222,8 +222,9 @@ def test_query_key_scores_gradients_match_finite_differences():
     weight = ops.convert_to_tensor(cotangent.astype("float32"))
     np.testing.assert_allclose(to_np(relative_attention.query_key_scores(ops.array(q), ops.array(k))),
                                q @ np.swapaxes(k, -1, -2), rtol=1e-5, atol=1e-5)
-    got_q = gradient(lambda x: relative_attention.query_key_scores(x, ops.array(k)) * weight, q)
-    got_k = gradient(lambda x: relative_attention.query_key_scores(ops.array(q), x) * weight, k)
+    # (x * 1: a tensor, not TF's variable, as the layer passes)
+    got_q = gradient(lambda x: relative_attention.query_key_scores(ops.multiply(x, 1.0), ops.array(k)) * weight, q)
+    got_k = gradient(lambda x: relative_attention.query_key_scores(ops.array(q), ops.multiply(x, 1.0)) * weight, k)
     want_q = central_differences(lambda x: ((x @ np.swapaxes(k, -1, -2)) * cotangent).sum(), q)
     want_k = central_differences(lambda x: ((q @ np.swapaxes(x, -1, -2)) * cotangent).sum(), k)
     np.testing.assert_allclose(got_q, want_q, rtol=1e-4, atol=1e-4)

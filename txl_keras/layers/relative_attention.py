@@ -456,8 +456,7 @@ def query_key_scores(queries, keys):
 
         return ops.matmul(queries, ops.swapaxes(keys, -1, -2)), grad
 
-    # (a reshape reads a variable into a tensor: TensorFlow's custom gradients take tensors)
-    return product(*(ops.reshape(x, ops.shape(x)) for x in (queries, keys)))
+    return product(queries, keys)
 
 
 def _head_group(num_heads, batch, query_length, key_length):
