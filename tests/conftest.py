@@ -96,7 +96,7 @@ def gradient(fn, x):
         with tf.GradientTape() as tape:
             total = tf.reduce_sum(fn(x))
         g = tape.gradient(total, x)
-        return np.zeros(x.shape) if g is None else g.numpy()
+        return np.zeros(x.shape) if g is None else tf.convert_to_tensor(g).numpy()  # a gather's: IndexedSlices
     if backend == "jax":
         import jax
 

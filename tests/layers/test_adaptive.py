@@ -203,6 +203,47 @@ def test_embedding_matches_reference(case):
     np.testing.assert_allclose(to_np(emb(tokens)), want, atol=1e-4)
 
 
+EMBEDDING_LAYOUTS = [
+    dict(embedding_dim=E, hidden_dim=D, cutoffs=[5, 12], div_val=2),  # every cluster projected
+    dict(embedding_dim=8, hidden_dim=8, cutoffs=[5, 12], div_val=2, proj_same_dim=False),  # lm1b: cluster 0 not
+    dict(embedding_dim=8, hidden_dim=8, cutoffs=[], div_val=2, proj_same_dim=False),  # no projection at all
+]
+
+
+@pytest.mark.parametrize("layout", EMBEDDING_LAYOUTS)
+def test_embedding_gradients_match_finite_differences_of_the_reference(layout):
+    """The embedding and the gradient of `sum(embedding * cotangent)` with respect to every
+    table and projection, against the numpy reference and its central differences."""
+    emb = AdaptiveEmbedding(V, **layout)
+    tokens = np.array([[0, 4, 5, 11, 12], [19, 4, 13, 0, 7]], "int32")  # every cluster, repeated rows
+    emb.build()
+    randomize(emb)
+    variables = list(emb.trainable_variables)
+    index = {id(v): k for k, v in enumerate(variables)}
+    values = [to_np(v) for v in variables]
+    hidden = layout["hidden_dim"]
+    cotangent = np.random.default_rng(3).normal(size=tokens.shape + (hidden,))
+
+    def reference_loss(k, x):
+        vals = values[:k] + [x] + values[k + 1:]
+        tables = [vals[index[id(t)]] for t in emb.tables]
+        projs = [None if p is None else vals[index[id(p)]] for p in emb.projections]
+        out = reference.adaptive_embedding(tokens, tables, projs, layout["cutoffs"], V, hidden, layout["div_val"])
+        return (out * cotangent).sum()
+
+    def layer_loss(k):
+        def fn(x):
+            trainable = variables[:k] + [x] + variables[k + 1:]
+            return ops.multiply(emb.stateless_call(trainable, [], tokens)[0], cotangent.astype("float32"))
+        return fn
+
+    np.testing.assert_allclose(to_np(ops.sum(layer_loss(0)(variables[0]))), reference_loss(0, values[0]), atol=1e-4)
+    for k, value in enumerate(values):
+        want = central_differences(lambda x: reference_loss(k, x), value)
+        got = gradient(layer_loss(k), value.astype("float32"))
+        np.testing.assert_allclose(got, want, atol=1e-4, err_msg=variables[k].path)
+
+
 def test_embedding_projection_rules():
     assert AdaptiveEmbedding(V, D, D)._built_projections() == [False]
     assert AdaptiveEmbedding(V, E, D)._built_projections() == [True]
