@@ -152,9 +152,13 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     skipping.restore_or_warm_start()
     variable = skipping.model.trainable_variables[3]
     variable.assign(tf.fill(variable.shape, np.nan))
+    memory = [v.numpy() for v in skipping.memory.memory_variables + [skipping.memory.valid_variable]]
+    assert all(np.isfinite(m).all() for m in memory)
     skipping.train()  # skips every step now, without raising
     assert int(skipping.step.numpy()) == 6
     np.testing.assert_array_equal(weights(skipping)[0], good[0])
+    for kept, now in zip(memory, skipping.memory.memory_variables + [skipping.memory.valid_variable]):
+        np.testing.assert_array_equal(now.numpy(), kept)  # no non-finite forward pass wrote it
 
 
 def test_interrupted_checkpoint_write_then_resume_is_exact(tmp_path, monkeypatch):

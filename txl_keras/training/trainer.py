@@ -205,10 +205,11 @@ class Trainer:
         new_mems = [tf.concat([p[i] for p in new_mems_parts], 0) for i in range(self.config.n_layer)]
         grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         nll_total = context.all_reduce(tf.distribute.ReduceOp.SUM, nll_total)
-        # A forward pass that overflowed must not leave inf/NaN in the memory.
+        # A forward pass that overflowed must not leave inf/NaN in the memory: only a
+        # finite one writes it (a branch, where selecting between the new and the old
+        # memory copied every layer's memory every step).
         forward_ok = tf.math.is_finite(nll_total)
-        self.memory.write([tf.where(forward_ok, new, old) for new, old in zip(new_mems, mems)],
-                          tf.where(forward_ok, new_valid, valid))
+        tf.cond(forward_ok, lambda: self.memory.write(new_mems, new_valid), lambda: None)
         # Unscaling (float16's loss scale) and clipping to the global norm are one
         # multiplication of each gradient, and none where neither applies.
         gnorm = tf.linalg.global_norm(grads)
