@@ -16,16 +16,55 @@ def records(tmp_path_factory):
     return build(str(tmp_path_factory.mktemp("records")))
 
 
-def test_batch_chunk_and_xla_train_the_weights_of_the_plain_step(tmp_path, records):
+def test_chunks_parts_and_xla_train_the_weights_of_the_one_piece_step(tmp_path, records):
     runs = {}
-    for name, options in (("plain", {}), ("chunked", {"batch_chunk": 2}), ("xla", {"xla": True})):
+    cases = (("one piece", {"concurrent_parts": 1}), ("parts", {}), ("chunks", {"batch_chunk": 2, "concurrent_parts": 1}),
+             ("chunks of parts", {"batch_chunk": 2, "concurrent_parts": 2}), ("xla", {"xla": True}))
+    for name, options in cases:
         trainer = make(tmp_path, records, model_dir=name, train_steps=4, **options)
         trainer.train()
         runs[name] = weights(trainer)
-    for name in ("chunked", "xla"):
-        for a, b in zip(runs["plain"], runs[name]):
+    assert make(tmp_path, records, model_dir="p").parts == 2  # the default on a CPU
+    for name, _ in cases[1:]:
+        for a, b in zip(runs["one piece"], runs[name]):
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=name)
-    assert any(not np.allclose(a, b) for a, b in zip(runs["plain"], weights(make(tmp_path, records))))
+    assert any(not np.allclose(a, b) for a, b in zip(runs["one piece"], weights(make(tmp_path, records))))
+
+
+def test_batch_chunks_run_one_after_another(tmp_path):
+    """`batch_chunk` is there to fit a batch in less memory: the chunks' activations must
+    not be live at once (in a graph, independent chunks would run side by side)."""
+    import tensorflow as tf
+
+    records = build(str(tmp_path), batch=16, tgt_len=64)
+    peaks = {}
+    for chunks in (1, 2):
+        trainer = make(tmp_path, records, model_dir=f"c{chunks}", train_batch_size=16, train_steps=1,
+                       iterations=1, batch_chunk=chunks, concurrent_parts=1, model=dict(tgt_len=64, mem_len=64))
+        trainer.train()  # traced and warm
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        trainer.tc.train_steps = 3
+        trainer.train()
+        peaks[chunks] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
+    assert peaks[2] < 0.75 * peaks[1], peaks  # about half: one chunk's activations at a time
+
+
+def test_concurrent_parts_default_and_domain():
+    from txl_keras.training import TrainConfig
+    from txl_keras.training.trainer import concurrent_parts
+
+    def config(**fields):
+        return TrainConfig(model_dir="m", records_dir="r", train_batch_size=12, **fields)
+
+    assert concurrent_parts(config(), 12, compiled=False) == 2  # a CPU, op by op
+    assert concurrent_parts(config(), 12, compiled=True) == 1  # under XLA
+    assert concurrent_parts(config(batch_chunk=4), 12, compiled=False) == 1  # chunks of 3 rows
+    assert concurrent_parts(config(concurrent_parts=3), 12, compiled=False) == 3
+    with pytest.raises(ValueError, match="`concurrent_parts`=3 must divide each chunk of 4 streams"):
+        concurrent_parts(config(concurrent_parts=3), 4, compiled=False)
+    with pytest.raises(ValueError, match="`batch_chunk`=4 must divide each replica's batch of 6 streams"):
+        concurrent_parts(config(batch_chunk=4), 6, compiled=False)
 
 
 def test_mixed_float16_scales_the_loss_and_skips_overflowing_steps(tmp_path, records):

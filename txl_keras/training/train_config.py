@@ -36,7 +36,11 @@ class TrainConfig:
     train_steps: int = _field(100000, "Steps to train (>= 1).")
     min_lr_ratio: float = _field(0.004, "Cosine decays to learning_rate * min_lr_ratio (in [0, 1]).")
     clip: float = _field(0.25, "Clip gradients to this global norm (> 0; 0 switches clipping off).")
-    batch_chunk: int = _field(1, "Split each replica's batch into this many pieces (gradient accumulation).")
+    batch_chunk: int = _field(1, "Split each replica's batch into this many chunks, run one after another "
+                              "(gradient accumulation: one chunk's activations in memory at a time).")
+    concurrent_parts: int = _field(0, "Split each chunk into this many parts whose forward and backward passes "
+                                   "run side by side (TensorFlow's inter-op threads; gradients summed); 0: 2 on "
+                                   "CPUs when the steps are not XLA-compiled and the rows divide, else 1.")
     iterations: int = _field(200, "Steps per host-loop call, and the logging interval.")
     save_steps: int = _field(1000, "Save a checkpoint every this many steps (0: only at the end).")
     keep_checkpoint_max: int = _field(5, "Checkpoints to keep (>= 1).")
@@ -81,7 +85,7 @@ class TrainConfig:
                      "keep_checkpoint_max"):
             if getattr(self, name) < 1:
                 self._fail(name, "a positive integer")
-        for name in ("warmup_steps", "save_steps", "eval_steps"):
+        for name in ("warmup_steps", "save_steps", "eval_steps", "concurrent_parts"):
             if getattr(self, name) < 0:
                 self._fail(name, "a non-negative integer")
         if not self.learning_rate > 0:
@@ -97,9 +101,10 @@ class TrainConfig:
                 self._fail(name, "a positive integer")
         if self.eval_mem_len is not None and self.eval_mem_len < 0:
             self._fail("eval_mem_len", "a non-negative integer")
-        if self.train_batch_size % self.batch_chunk:
+        pieces = self.batch_chunk * max(self.concurrent_parts, 1)
+        if self.train_batch_size % pieces:
             raise ValueError(
-                f"`batch_chunk`={self.batch_chunk} must divide the per-replica batch; "
+                f"`batch_chunk` x `concurrent_parts` = {pieces} must divide the per-replica batch; "
                 f"train_batch_size={self.train_batch_size}."
             )
 
