@@ -2,6 +2,7 @@
 weights of another run, the documented loss scaling, the folder on disk."""
 
 import os
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -61,6 +62,9 @@ def test_concurrent_parts_default_and_domain():
     assert concurrent_parts(config(), 12, compiled=True) == 1  # under XLA
     assert concurrent_parts(config(batch_chunk=4), 12, compiled=False) == 1  # chunks of 3 rows
     assert concurrent_parts(config(concurrent_parts=3), 12, compiled=False) == 3
+    with mock.patch("tensorflow.config.threading.get_inter_op_parallelism_threads", return_value=1):
+        assert concurrent_parts(config(), 12, compiled=False) == 1  # nothing would run side by side
+        assert concurrent_parts(config(concurrent_parts=2), 12, compiled=False) == 2
     with pytest.raises(ValueError, match="`concurrent_parts`=3 must divide each chunk of 4 streams"):
         concurrent_parts(config(concurrent_parts=3), 4, compiled=False)
     with pytest.raises(ValueError, match="`batch_chunk`=4 must divide each replica's batch of 6 streams"):

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 
@@ -58,14 +59,17 @@ def concurrent_parts(train_config, per_replica, compiled):
     0.91-0.94 of the time per step of word- and character-level training on 2 cores,
     float32 and mixed_bfloat16; with one inter-op thread 1.02). Under XLA, and on GPUs,
     one part per chunk. `train_config.concurrent_parts` 0 chooses: 2 on CPUs when the
-    steps are not compiled and each chunk's rows divide in two, else 1."""
+    steps are not compiled, TensorFlow has more than one inter-op thread and each chunk's
+    rows divide in two, else 1."""
     chunks = train_config.batch_chunk
     if per_replica % chunks:
         raise ValueError(f"`batch_chunk`={chunks} must divide each replica's batch of {per_replica} streams.")
     parts = train_config.concurrent_parts
     if parts == 0:
         on_cpu = not compiled and not tf.config.list_logical_devices("GPU")
-        return 2 if on_cpu and (per_replica // chunks) % 2 == 0 else 1
+        threads = tf.config.threading.get_inter_op_parallelism_threads()  # 0: one per core
+        side_by_side = threads > 1 or threads == 0 and (os.cpu_count() or 1) > 1
+        return 2 if on_cpu and side_by_side and (per_replica // chunks) % 2 == 0 else 1
     if (per_replica // chunks) % parts:
         raise ValueError(f"`concurrent_parts`={parts} must divide each chunk of {per_replica // chunks} streams "
                          f"(batch_chunk={chunks}, {per_replica} streams per replica).")
