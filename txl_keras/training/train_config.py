@@ -40,7 +40,8 @@ class TrainConfig:
                               "(gradient accumulation: one chunk's activations in memory at a time).")
     concurrent_parts: int = _field(0, "Split each chunk into this many parts whose forward and backward passes "
                                    "run side by side (TensorFlow's inter-op threads; gradients summed); 0: 2 on "
-                                   "CPUs when the steps are not XLA-compiled and the rows divide, else 1.")
+                                   "CPUs when the steps are not XLA-compiled, TensorFlow has more than one "
+                                   "inter-op thread and the rows divide, else 1.")
     iterations: int = _field(200, "Steps per host-loop call, and the logging interval.")
     save_steps: int = _field(1000, "Save a checkpoint every this many steps (0: only at the end).")
     keep_checkpoint_max: int = _field(5, "Checkpoints to keep (>= 1).")
