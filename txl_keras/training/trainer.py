@@ -68,7 +68,7 @@ def concurrent_parts(train_config, per_replica, compiled):
     if parts == 0:
         on_cpu = not compiled and not tf.config.list_logical_devices("GPU")
         threads = tf.config.threading.get_inter_op_parallelism_threads()  # 0: one per core
-        side_by_side = threads > 1 or threads == 0 and (os.cpu_count() or 1) > 1
+        side_by_side = threads > 1 or (threads == 0 and (os.cpu_count() or 1) > 1)
         return 2 if on_cpu and side_by_side and (per_replica // chunks) % 2 == 0 else 1
     if (per_replica // chunks) % parts:
         raise ValueError(f"`concurrent_parts`={parts} must divide each chunk of {per_replica // chunks} streams "
