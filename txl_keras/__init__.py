@@ -4,30 +4,27 @@
 `txl_keras.training`, `txl_keras.export` / `txl_keras.export_saved_model`,
 `txl_keras.generate` (the module; `txl_keras.generate.generate` the function),
 `txl_keras.convert`, `txl_keras.run_folder`.
+
+Importing it calls `txl_keras.tf_backend.install()`: TensorFlow's BFC CPU allocator is
+selected (unless the environment sets `TF_CPU_ALLOCATOR_USE_BFC`), and on the TensorFlow
+backend the layers get TensorFlow's replica id, dropout bits and whole-table draws.
 """
 
 import importlib
 
-from txl_keras.cpu_allocator import prefer_bfc_cpu_allocator
+from txl_keras import tf_backend
 
-prefer_bfc_cpu_allocator()  # before TensorFlow makes its CPU device (see the module)
+tf_backend.install()  # before TensorFlow makes its CPU device
 
-import keras  # noqa: E402
-
-from txl_keras import layers  # noqa: E402
+from txl_keras import kernels, layers  # noqa: E402
 from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, TransformerXLLM  # noqa: E402
-
-if keras.backend.backend() == "tensorflow":
-    importlib.import_module("txl_keras.tf_replicas")  # each tf.distribute replica draws its own dropout masks
-    importlib.import_module("txl_keras.tf_whole_draw")  # large tables drawn without extra copies
-    importlib.import_module("txl_keras.tf_random_bits")  # dropout: two units' bits per Philox word
 
 __version__ = "0.1.0"
 
 _LAZY_MODULES = ("convert", "export", "generate", "run_folder", "training")
 _LAZY_NAMES = {"export_saved_model": "export", "load_trained_model": "run_folder"}
 
-__all__ = ["PRESETS", "TransformerXL", "TransformerXLConfig", "TransformerXLLM", "layers",
+__all__ = ["PRESETS", "TransformerXL", "TransformerXLConfig", "TransformerXLLM", "kernels", "layers",
            *_LAZY_MODULES, *_LAZY_NAMES]
 
 

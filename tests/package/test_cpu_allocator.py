@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from txl_keras import cpu_allocator
+from txl_keras.tf_backend import cpu_allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

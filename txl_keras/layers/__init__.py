@@ -3,20 +3,20 @@
 from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
 from txl_keras.layers.attention_mask import causal_attention_mask
-from txl_keras.layers.key_value_memory import KeyValueMemory
+from txl_keras.layers.inference_cache import CacheStore, InferenceCache
 from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.positionwise_feed_forward import PositionwiseFeedForward
 from txl_keras.layers.relative_attention import RelativeAttention
-from txl_keras.layers.relative_shift import relative_shift
 from txl_keras.layers.replica_dropout import ReplicaDropout, ReplicaSeedGenerator
 from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 
 __all__ = [
     "AdaptiveEmbedding",
     "AdaptiveSoftmax",
-    "KeyValueMemory",
+    "CacheStore",
+    "InferenceCache",
     "LayerNorm",
     "MemoryCache",
     "PositionalEmbedding",
@@ -27,5 +27,4 @@ __all__ = [
     "TransformerXLBlock",
     "causal_attention_mask",
     "relative_positions",
-    "relative_shift",
 ]

@@ -1,83 +1,16 @@
 """Adaptive softmax (Grave et al., 2017) with the projections of Transformer-XL."""
 
-import math
-
 import keras
-import numpy as np
 from keras import ops
 
+from txl_keras import kernels
+from txl_keras.kernels import nll as nll_kernels
+from txl_keras.kernels import tables
 from txl_keras.layers.adaptive_embedding import check_cutoffs, cluster_bounds
 from txl_keras.layers.weight_initializers import weight_initializer
 
 CLUSTER_ORDERS = ("tf", "pytorch")
 TAIL_MODES = ("auto", "gather", "dense")
-FEW_ROWS = 32  # rows of a table per row of hidden states above which the table is streamed
-# Outside training the NLL is taken over pieces of the vocabulary in turn, each's logits at
-# most PIECE_VALUES values (4 MB: the exp and sum passes over a piece then run from the
-# cache, 20% faster than pieces of 16 MB for 1,024 tokens) when the token count is static,
-# else PIECE_ROWS rows.
-PIECE_VALUES = 1 << 20
-PIECE_ROWS = 1 << 14
-PIECE_ALIGN = 64  # pieces start at multiples of 64 rows (row_blocks then shares the table)
-
-
-def row_blocks(table, low, high):
-    """Rows `[low, high)` of a `(rows, width)` table as a list of consecutive blocks
-    (concatenated, they are `table[low:high]`).
-
-    TensorFlow copies a row slice unless a row's bytes are a multiple of 64 (d_embed 410
-    is not: 262 MB per wt103 tail cluster and call), but shares the buffer of a 1-D
-    slice whose ends are 64-byte aligned. So the rows are taken from the table's flat
-    view: one shared block between the first and last aligned rows, and the few rows
-    outside it (fewer than 16 at each end) as small copies.
-    """
-    width = table.shape[-1]
-    itemsize = np.dtype(keras.backend.standardize_dtype(table.dtype)).itemsize
-    step = max(1, 64 // math.gcd(width * itemsize, 64))  # rows between aligned offsets
-    start, end = -(-low // step) * step, high // step * step
-    if end <= start:
-        return [table[low:high]]
-    flat = ops.reshape(table, (-1,))
-    blocks = [table[low:start]] if start > low else []
-    blocks.append(ops.reshape(flat[start * width : end * width], (end - start, width)))
-    if end < high:
-        blocks.append(table[end:high])
-    return blocks
-
-
-def sparse_nll(logits, targets):
-    """`-log softmax(logits)[target]` of each row: float logits `(n, V)` and int32
-    targets `(n,)` in `[0, V)` -> `(n,)`, with the gradient `upstream * (softmax -
-    one_hot(target))` written out: the softmax's `exp` kept from the forward pass, then
-    one scatter at the targets. (TensorFlow's fused sparse cross-entropy kernel takes
-    1.6-2x as long for the same forward and backward, measured on 2-core Xeon CPUs.)"""
-
-    @ops.custom_gradient
-    def nll(logits):
-        # (with `initial`, no rows is no error: a tail cluster without tokens in a batch)
-        top = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True, initial=float("-inf")))
-        exp = ops.exp(logits - top)
-        total = ops.sum(exp, axis=-1)
-        picked = ops.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
-
-        def grad(*args, upstream=None):  # (TF and JAX pass `upstream` first, PyTorch by name)
-            upstream = args[0] if upstream is None else upstream
-            softmax_part = exp * (upstream / total)[:, None]
-            rows = ops.arange(ops.shape(targets)[0], dtype="int32")
-            at_targets = ops.take_along_axis(softmax_part, targets[:, None], axis=-1)[:, 0]
-            return ops.scatter_update(softmax_part, ops.stack([rows, targets], axis=1), at_targets - upstream)
-
-        return ops.log(total) + top[:, 0] - picked, grad
-
-    return nll(ops.convert_to_tensor(logits))
-
-
-def _after(x, value):
-    """`x`, computed only once `value` is: `x` plus a zero that depends on `value` (`sum >
-    inf` is False whatever the values, NaN and inf included). A graph executor runs
-    whatever is ready, so without it TensorFlow's computed the logits of every piece
-    before reducing any: ~100 MB held at once for wt103 at 1,024 tokens, in some runs."""
-    return ops.add(x, ops.cast(ops.sum(value) > float("inf"), x.dtype))
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -255,7 +188,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
         blocks (`row_blocks`: no copy of a shared table on TensorFlow)."""
         table, bias, proj = self.cluster_weights(i)
         if self.div_val == 1 and self.cutoffs:
-            return row_blocks(table, self.bounds[i], self.bounds[i + 1]), bias, proj
+            blocks = tables.row_blocks if kernels.fast_kernels_enabled() else tables.row_blocks_reference
+            return blocks(table, self.bounds[i], self.bounds[i + 1]), bias, proj
         return [table], bias, proj
 
     def _project(self, hidden, proj):
@@ -263,98 +197,35 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return x if proj is None else ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
 
     def _logits_of(self, hidden, blocks, bias, proj):
-        return self._projected_logits(self._project(hidden, proj), blocks, bias)
-
-    def _projected_logits(self, x, blocks, bias):
-        """float32 logits `(n, rows)` of projected rows `x` against row `blocks` and `bias`."""
-        parts = [self._block_logits(x, ops.cast(block, self.compute_dtype)) for block in blocks]
-        logits = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+        """float32 logits `(n, rows)` of hidden rows `(n, hidden_dim)` against a cluster's
+        row `blocks`, `bias` and projection."""
+        x = self._project(hidden, proj)
+        if kernels.fast_kernels_enabled():
+            return nll_kernels.table_logits(x, blocks, bias)
+        table = ops.concatenate(blocks, axis=0) if len(blocks) > 1 else blocks[0]
+        logits = tables.rows_times_table_reference(x, ops.cast(table, self.compute_dtype))
         return ops.cast(logits, "float32") + ops.cast(bias, "float32")
 
-    def _block_logits(self, x, block):
-        """`x @ block^T`, `(n, rows)`. For a few rows of `x` against a large table (a tail
-        cluster's tokens, a short segment) it is computed as `(block @ x^T)^T`: CPU GEMMs
-        stream a tall table far better than they broadcast a few rows over it (4 tokens
-        against a 160,000-word cluster: 8x faster)."""
-        rows, width = block.shape
-        plain = lambda: ops.matmul(x, ops.transpose(block))  # noqa: E731
-        few = lambda: ops.transpose(ops.matmul(block, ops.transpose(x)))  # noqa: E731
-        n = x.shape[0]
-        if width < 128:  # narrow tables (div_val > 1 tails): the plain product is as fast
-            return plain()
-        if n is not None:
-            return few() if n * FEW_ROWS <= rows else plain()
-        if rows < FEW_ROWS * 512:  # not worth a branch
-            return plain()
-        return ops.cond(ops.shape(x)[0] * FEW_ROWS <= rows, few, plain)
+    def _times_table(self, x, table):
+        product = tables.rows_times_table if kernels.fast_kernels_enabled() else tables.rows_times_table_reference
+        return product(x, ops.cast(table, self.compute_dtype))
 
     def _log_softmax_of(self, hidden, blocks, bias, proj):
         return ops.log_softmax(self._logits_of(hidden, blocks, bias, proj), axis=-1)
 
     def _nll_of(self, hidden, targets, blocks, bias, proj):
-        # Its gradient is softmax - one_hot (`sparse_nll`); picking log-probs with
-        # take_along_axis would cost a scatter over all logits instead.
-        return sparse_nll(self._logits_of(hidden, blocks, bias, proj), targets)
+        nll = kernels.sparse_nll if kernels.fast_kernels_enabled() else kernels.sparse_nll_reference
+        return nll(self._logits_of(hidden, blocks, bias, proj), targets)
 
-    def _piece_rows(self, n):
-        """Rows of the vocabulary per piece of `_lean_nll` for `n` rows of hidden states
-        (None: unknown), a multiple of `PIECE_ALIGN`."""
-        if n is None:
-            return PIECE_ROWS
-        return max(PIECE_ALIGN, PIECE_VALUES // max(n, 1) // PIECE_ALIGN * PIECE_ALIGN)
-
-    def _lean_nll(self, i, hidden, targets, after=None):
-        """Cluster `i`'s NLL of `targets` (columns of the cluster's logits, the head's
-        tail columns included) without the logits of the whole cluster or a copy of its
-        table (for wt103 at batch 8, the head's 82 MB logits and their softmax): the
-        log-sum-exp is kept online over the vocabulary's pieces, the whole pieces by one
-        loop (one piece's operations in the graph, not one set per piece: for wt103 at
-        1,024 tokens ~4,000 graph operations and ~40 MB of the process's heap otherwise),
-        then the rows left and, for the head, its tail-cluster logits. Each piece's
-        logits wait for the previous piece's maximum (`_after`), so at most two pieces'
-        logits exist at once (the first once `after` is computed)."""
+    def _streamed_nll(self, i, hidden, targets, wait_for=None):
+        """Cluster `i`'s NLL of `targets` (columns of its logits, the head's tail-cluster
+        columns included) streamed over its table (`kernels.nll.streamed_nll`): without
+        the logits of the whole cluster or a copy of its table."""
         table, bias, proj = self.cluster_weights(i)
-        x = self._project(hidden, proj)
-        rows = self.bounds[i + 1] - self.bounds[i]
-        base = self.bounds[i] if self.div_val == 1 else 0
-        step = min(self._piece_rows(hidden.shape[0]), rows)
-        whole = rows // step
-        start_top = ops.full(ops.shape(targets), float("-inf"), "float32")
-        state = (start_top if after is None else _after(start_top, after),
-                 ops.zeros(ops.shape(targets), "float32"), ops.zeros(ops.shape(targets), "float32"))
-
-        def add_piece(state, blocks, piece_bias, start):
-            top, total, picked = state
-            logits = self._projected_logits(_after(x, top), blocks, piece_bias)
-            width = logits.shape[-1]
-            # (with `initial`, no tokens is no error; kept dims: Keras's PyTorch max of no rows drops the axis)
-            new_top = ops.maximum(top, ops.max(logits, axis=-1, keepdims=True, initial=float("-inf"))[:, 0])
-            total = total * ops.exp(top - new_top) + ops.sum(ops.exp(logits - new_top[:, None]), axis=-1)
-            local = targets - start
-            value = ops.take_along_axis(logits, ops.clip(local, 0, width - 1)[:, None], axis=-1)[:, 0]
-            return new_top, total, picked + ops.where(ops.logical_and(local >= 0, local < width), value, 0.0)
-
-        if whole > 1:
-            # A piece of the flat table: where its first row's offset is a multiple of 64
-            # bytes TensorFlow shares the table's buffer (see `row_blocks`), else copies it.
-            flat, width = ops.reshape(table, (-1,)), table.shape[-1]
-            bias_values = ops.convert_to_tensor(bias)  # (JAX's loop takes arrays, not variables)
-
-            def body(k, state):
-                start = k * step
-                block = ops.reshape(ops.slice(flat, ((base + start) * width,), (step * width,)), (step, width))
-                return add_piece(state, [block], ops.slice(bias_values, (start,), (step,)), start)
-
-            state = ops.fori_loop(0, whole, body, state)
-        else:
-            state = add_piece(state, row_blocks(table, base, base + step), bias[:step], 0)
-        done = whole * step
-        if done < rows:
-            state = add_piece(state, row_blocks(table, base + done, base + rows), bias[done:], done)
-        if i == 0 and self.cutoffs:
-            state = add_piece(state, [self.cluster_W], self.cluster_b, rows)
-        top, total, picked = state
-        return top + ops.log(total) - picked
+        low = self.bounds[i] if self.div_val == 1 else 0
+        extra = (self.cluster_W, self.cluster_b) if i == 0 and self.cutoffs else None
+        return nll_kernels.streamed_nll(self._project(hidden, proj), table, bias, targets, low,
+                                        self.bounds[i + 1] - self.bounds[i], extra, wait_for)
 
     def _head_weights(self):
         blocks, bias, proj = self._cluster_blocks(0)
@@ -376,25 +247,24 @@ class AdaptiveSoftmax(keras.layers.Layer):
         for i in range(1, self.n_clusters):
             in_cluster = ops.logical_and(targets >= self.bounds[i], targets < self.bounds[i + 1])
             head_targets = ops.where(in_cluster, self.head_column(i), head_targets)
-        # With gradients, `sparse_nll` (its gradient is softmax - one_hot, written out); without,
-        # the vocabulary piece by piece, in a fraction of the memory.
-        lean = training is False
-        if lean:
-            nll = self._lean_nll(0, hidden, head_targets)
+        # Without gradients (training=False) and with the fast kernels, each cluster's NLL is
+        # streamed over its table, one cluster after the other, in a fraction of the memory.
+        streamed = training is False and kernels.fast_kernels_enabled()
+        if streamed:
+            nll = self._streamed_nll(0, hidden, head_targets)
         else:
             nll = self._nll_of(hidden, head_targets, *self._head_weights())
         for i in range(1, self.n_clusters):
-            # (lean: the clusters one after the other too)
-            nll = nll + self._tail_nll(i, hidden, targets, lean, after=nll if lean else None)
+            nll = nll + self._tail_nll(i, hidden, targets, streamed, wait_for=nll if streamed else None)
         return ops.reshape(nll, out_shape)
 
-    def _tail_nll(self, i, hidden, targets, lean=False, after=None):
+    def _tail_nll(self, i, hidden, targets, streamed=False, wait_for=None):
         low, high = self.bounds[i], self.bounds[i + 1]
         in_cluster = ops.logical_and(targets >= low, targets < high)
 
         def nll_of(rows, local):
-            if lean:
-                return self._lean_nll(i, rows, local, after)
+            if streamed:
+                return self._streamed_nll(i, rows, local, wait_for)
             return self._nll_of(rows, local, *self._cluster_blocks(i))
 
         if self._use_dense():
@@ -418,7 +288,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
             # table (XLA copies them; 439 MB per call for wt103's).
             table, _, proj = self.cluster_weights(0)
             x = self._project(flat, proj)
-            logits = ops.cast(self._block_logits(x, ops.cast(table, self.compute_dtype)), "float32")
+            logits = ops.cast(self._times_table(x, table), "float32")
             clusters = [logits[:, low:high] + ops.cast(self.biases[i], "float32")
                         for i, (low, high) in enumerate(zip(self.bounds, self.bounds[1:]))]
             cluster_logits = ops.cast(ops.matmul(x, ops.transpose(ops.cast(self.cluster_W, self.compute_dtype))),

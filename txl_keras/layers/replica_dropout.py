@@ -18,15 +18,16 @@ Each unit's keep decision takes 16 random bits (`KEEP_BITS`), read as an integer
 unit is scaled by `65536 / (65536 - that threshold)`, so the expected output is the input
 exactly. The rate is thus rounded to a multiple of 1/65536, whatever the dtype (Keras
 `Dropout` compares a uniform draw of the input's dtype with the rate: in bfloat16, 8 bits,
-so a rate of 0.1 drops 10.2% of the units). The bits come from the backend's
-`keras.random.randint` unless the backend installs a cheaper source
+so a rate of 0.1 drops 10.2% of the units). The bits come from `keras.random.randint`
+(the reference) unless the backend installs a faster source and the fast kernels are on
 (`set_random_bits_source`; TensorFlow's takes two units' bits from each 32-bit Philox
-output: half of the draws, where dropout had taken 11-17% of a word-level training step's
-op time).
+output, `txl_keras.tf_backend.random_bits`).
 """
 
 import keras
 from keras import ops
+
+from txl_keras import kernels
 
 # An odd constant (golden ratio, 32 bits): replica r adds r * _SALT to the seed.
 _SALT = 0x9E3779B1
@@ -46,7 +47,7 @@ def set_random_bits_source(source):
 
 def random_bits(inputs, seed_generator):
     """`KEEP_BITS` uniform random bits per unit of `inputs`, as integers of its shape."""
-    source = _RANDOM_BITS_SOURCE[0]
+    source = _RANDOM_BITS_SOURCE[0] if kernels.fast_kernels_enabled() else None
     if source is None:
         return keras.random.randint(ops.shape(inputs), 0, 1 << KEEP_BITS, dtype="int32", seed=seed_generator)
     return source(inputs, seed_generator)
@@ -60,8 +61,8 @@ def keep_threshold(rate):
 
 def set_replica_id_source(source):
     """Install `source() -> replica id or None`, the backend's way to tell which replica of
-    a data-parallel step is running (`txl_keras.tf_replicas` installs TensorFlow's
-    `tf.distribute` one when the package is imported on that backend); None removes it."""
+    a data-parallel step is running (`txl_keras.tf_backend.install` gives TensorFlow's
+    `tf.distribute` one); None removes it."""
     _REPLICA_ID_SOURCE[0] = source
 
 

@@ -26,12 +26,13 @@ class TransformerXLBlock(keras.layers.Layer):
     Call arguments:
         inputs: `(batch_size, T, hidden_dim)`.
         memory, position_encoding, content_bias, position_bias, position_score_bias,
-        attention_mask, context_kv, queries, position_keys, clamp_len, memory_ring,
-        memory_ring_rows: as in `RelativeAttention`.
+        attention_mask, clamp_len: as in `RelativeAttention`.
         training: bool.
 
     Returns:
-        `(batch_size, T, hidden_dim)`.
+        `(batch_size, T, hidden_dim)`. `call_with_cache(inputs, cache, layer,
+        memory_length, ...)` (frozen weights, see `RelativeAttention.call_with_cache`)
+        returns it and the segment's keys and values.
 
     Example:
     >>> block = TransformerXLBlock(num_heads=2, head_dim=4, inner_dim=16)
@@ -90,40 +91,16 @@ class TransformerXLBlock(keras.layers.Layer):
         self.feed_forward.build(inputs_shape)
         self.built = True
 
-    def call(
-        self,
-        inputs,
-        memory=None,
-        position_encoding=None,
-        content_bias=None,
-        position_bias=None,
-        position_score_bias=None,
-        attention_mask=None,
-        context_kv=None,
-        position_keys=None,
-        clamp_len=None,
-        queries=None,
-        memory_ring=None,
-        memory_ring_rows=None,
-        training=False,
-    ):
-        x = self.attention(
-            inputs,
-            memory=memory,
-            position_encoding=position_encoding,
-            content_bias=content_bias,
-            position_bias=position_bias,
-            position_score_bias=position_score_bias,
-            attention_mask=attention_mask,
-            context_kv=context_kv,
-            position_keys=position_keys,
-            clamp_len=clamp_len,
-            queries=queries,
-            memory_ring=memory_ring,
-            memory_ring_rows=memory_ring_rows,
-            training=training,
-        )
+    def call(self, inputs, memory=None, position_encoding=None, content_bias=None, position_bias=None,
+             position_score_bias=None, attention_mask=None, clamp_len=None, training=False):
+        x = self.attention(inputs, memory=memory, position_encoding=position_encoding, content_bias=content_bias,
+                           position_bias=position_bias, position_score_bias=position_score_bias,
+                           attention_mask=attention_mask, clamp_len=clamp_len, training=training)
         return self.feed_forward(x, training=training)
+
+    def call_with_cache(self, inputs, cache, layer, memory_length, **attention_args):
+        x, segment_kv = self.attention.call_with_cache(inputs, cache, layer, memory_length, **attention_args)
+        return self.feed_forward(x, training=False), segment_kv
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape

@@ -22,8 +22,8 @@ _WHOLE_DRAW = [None]
 
 def set_whole_draw(draw):
     """Install `draw(initializer, shape, dtype) -> values`, the backend's way to draw a
-    large weight at once taking its size only once (`txl_keras.tf_whole_draw` installs
-    TensorFlow's when the package is imported on that backend); None removes it."""
+    large weight at once taking its size only once (`txl_keras.tf_backend.install` gives
+    TensorFlow's); None removes it."""
     _WHOLE_DRAW[0] = draw
 
 

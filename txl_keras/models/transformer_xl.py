@@ -6,7 +6,7 @@ from keras import ops
 
 from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
 from txl_keras.layers.attention_mask import causal_attention_mask
-from txl_keras.layers.key_value_memory import head_major
+from txl_keras.layers.inference_cache import InferenceCache, head_major, time_major
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
 from txl_keras.layers.relative_attention import distinct_distances
@@ -46,7 +46,12 @@ class TransformerXL(keras.Model):
     `config.attn_type` (0: the paper's relative encoding with global biases `u`, `v`
     shared across layers unless `untie_r`; 1: learned relative; 2: absolute sinusoid;
     3: learned absolute per layer). Each layer's memory is the input it saw over the
-    last `mem_len` positions (`MemoryCache`).
+    last `mem_len` positions (`MemoryCache`, the one place the memory is updated).
+
+    `call` is the model of the paper, for training and any use. `call_with_cache` runs
+    the same computation for frozen weights (evaluation, generation) against an
+    `InferenceCache` (`init_cache`): with relative positions the memory is held as its
+    keys and values, which a segment does not project again.
 
     Args:
         config: `TransformerXLConfig` (or a dict of its fields).
@@ -65,38 +70,11 @@ class TransformerXL(keras.Model):
             `mem_len`.
         memory_valid: optional int32 scalar: only the last `memory_valid` slots of
             `mems` hold real positions (fixed-shape memory, as trainers keep it).
-        cache_kv: bool, also return `"memory_kv"`, the keys and values of the new
-            memory, so that the next call need not project the memory again. Exact only
-            while the weights do not change (evaluation, generation); relative
-            positions only (attn_type 0 or 1).
-        memory_kv: optional list of `n_layer` tensors `(batch_size, M, 2 * n_head *
-            d_head)`, the `"memory_kv"` of the previous call (implies `cache_kv`);
-            without it, `cache_kv` projects `mems` once (`memory_kv(mems)`). Given
-            without `mems`, the memory is held only as keys and values (a
-            `KeyValueMemory` keeps them in place between calls).
-        position_keys: optional list of `n_layer` tensors, `project_positions(K',
-            clamp_len)` with `K' >= M + T` and this call's clamp_len: each layer's
-            projected position encoding, computed once while the weights do not change
-            (attn_type 0) instead of in every call.
-        memory_kv_offset: optional int32 scalar: `memory_kv` are then the ring buffers
-            of a `KeyValueMemory` (`read_rings()`: head-major, `(2 * n_head,
-            batch_size, capacity, d_head)`), of at least `mem_len` rows, and this the
-            slot of the oldest row. Each layer's attention reads its ring in time
-            order one head group at a time (`RelativeAttention`'s `memory_ring`), so
-            no ordered copy of the whole memory is made.
-        block_program: optional callable that runs the blocks as `run_blocks(hidden,
-            layers, static)` would (e.g. `SharedBlockProgram`: one compiled program that
-            every group of blocks calls with its own weights).
 
     Returns:
-        dict with `"hidden"` `(batch_size, T, d_model)` and `"mems"`, the list of
-        `n_layer` new memories `(batch_size, min(mem_len, M + T), d_model)` (not when
-        the memory is held only as keys and values); with `memory_valid` (or in
-        stateful mode) also the new `"memory_valid"`; with `cache_kv` also
-        `"memory_kv"`, the new memories' keys and values (not with `memory_kv_offset`:
-        the rings' owner stores `"segment_kv"` itself), and `"segment_kv"`, those of
-        the segment's rows that enter the memory (`n_layer` tensors `(batch_size,
-        T - ext_len, 2 * n_head * d_head)`).
+        dict with `"hidden"` `(batch_size, T, d_model)`, `"mems"`, the list of `n_layer`
+        new memories `(batch_size, min(mem_len, M + T - ext_len), d_model)`, and
+        `"memory_valid"`, how many of their newest slots hold real positions.
 
     Example:
     >>> model = TransformerXL(TransformerXLConfig.from_preset("tiny"))
@@ -105,9 +83,6 @@ class TransformerXL(keras.Model):
     >>> tuple(out["hidden"].shape), tuple(out["mems"][0].shape)
     ((2, 8, 16), (2, 8, 16))
     """
-
-    # No SavedModel signature feeding float32 tokens (Keras's TF backend default); see TransformerXLLM.
-    _default_save_signature = None
 
     def __init__(self, config, stateful=False, batch_size=None, **kwargs):
         super().__init__(**kwargs)
@@ -243,82 +218,10 @@ class TransformerXL(keras.Model):
 
     # -- the forward pass ------------------------------------------------------------------
 
-    @property
-    def can_cache_kv(self):
-        """Whether the memory's keys and values can be kept between calls: with relative
-        positions (attn_type 0 or 1) they do not change from one segment to the next."""
-        return self.config.attn_type in (0, 1)
-
-    def memory_kv(self, mems):
-        """Keys and values of each layer's memory: `n_layer` tensors
-        `(batch_size, M, 2 * n_head * d_head)` (keys first)."""
-        return [block.attention.project_kv(mem) for block, mem in zip(self.blocks, mems)]
-
-    def project_positions(self, key_length, clamp_len=None):
-        """Each layer's position keys for `key_length` keys (attn_type 0): `n_layer`
-        tensors `(n_head, d_head, position_key_length(key_length, clamp_len))`, the
-        `position_keys` of a call with at most `key_length` keys and this `clamp_len`
-        (default: the config's)."""
-        if self.config.attn_type != 0:
-            raise ValueError(f"Position keys are projected only with attn_type 0 (the paper's); this is "
-                             f"attn_type={self.config.attn_type}.")
-        clamp_len = self.config.clamp_len if clamp_len is None else clamp_len
-        rows = self.position_key_length(key_length, clamp_len)
-        encoding = self.pos_emb(relative_positions(rows), clamp_len=clamp_len)
-        return [block.attention.project_positions(encoding) for block in self.blocks]
-
-    @staticmethod
-    def position_key_length(key_length, clamp_len):
-        """Rows of `project_positions(key_length, clamp_len)`: one per distance below
-        `key_length`, of which the distances past `clamp_len` (if > 0) share one."""
-        return distinct_distances(key_length, clamp_len)
-
-    def _check_memory_kv(self, memory_kv, mems, ring=False):
-        c = self.config
-        if not self.can_cache_kv:
-            raise ValueError(
-                f"Keys and values of the memory can be cached only with relative positions "
-                f"(attn_type 0 or 1); attn_type={c.attn_type} adds absolute positions to the "
-                "memory, so its keys change every segment. Call without cache_kv/memory_kv."
-            )
-        if self.stateful:
-            raise ValueError("cache_kv/memory_kv need a stateless model (stateful=False).")
-        if memory_kv is None:
-            return
-        listed = isinstance(memory_kv, (list, tuple))
-        if ring:
-            heads = (2 * c.n_head, c.d_head)
-            expected = f"the memory_kv rings to be n_layer={c.n_layer} head-major tensors ({heads[0]}, " \
-                       f"batch_size, capacity, {c.d_head}) of KeyValueMemory.read_rings()"
-
-            def fits(kv):
-                return len(kv.shape) == 4 and (kv.shape[0], kv.shape[3]) == heads
-        else:
-            width = 2 * c.n_head * c.d_head
-            length = (memory_kv[0].shape[1] if listed and memory_kv else None) if mems is None else mems[0].shape[1]
-            expected = f"`memory_kv` to be the list of n_layer={c.n_layer} tensors (batch_size, M={length}, " \
-                       f"{width}) returned in out['memory_kv'] with these mems"
-
-            def fits(kv):
-                return len(kv.shape) == 3 and kv.shape[2] == width and kv.shape[1] == length
-        if not listed or len(memory_kv) != c.n_layer or not all(fits(kv) for kv in memory_kv):
-            shapes = [tuple(kv.shape) for kv in memory_kv] if listed else type(memory_kv).__name__
-            raise ValueError(f"Expected {expected}. Received {shapes}")
-
-    def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None,
-             same_length=None, memory_valid=None, cache_kv=False, memory_kv=None, position_keys=None,
-             memory_kv_offset=None, block_program=None):
+    def call(self, tokens, mems=None, training=False, mem_len=None, clamp_len=None, same_length=None,
+             memory_valid=None):
         self._check_inputs(tokens, mems)
-        cache_kv = cache_kv or memory_kv is not None
-        if memory_kv_offset is not None and (memory_kv is None or mems is not None):
-            raise ValueError("`memory_kv_offset` marks `memory_kv` as ring buffers held without `mems`; "
-                             "pass the rings as `memory_kv` and no `mems`.")
-        if cache_kv:
-            self._check_memory_kv(memory_kv, mems, ring=memory_kv_offset is not None)
         settings = self.config.with_memory(mem_len, clamp_len, same_length)
-        capacity = memory_kv[0].shape[2] if memory_kv_offset is not None else None
-        if capacity is not None and capacity < settings.mem_len:
-            raise ValueError(f"The memory_kv rings hold {capacity} rows, fewer than mem_len={settings.mem_len}.")
         if mem_len is not None and self.stateful and mem_len != self.config.mem_len:
             raise ValueError(
                 f"A stateful model keeps mem_len={self.config.mem_len}; use a stateless model "
@@ -326,115 +229,171 @@ class TransformerXL(keras.Model):
             )
         if self.stateful:
             mems, memory_valid = self.memory.read()
-        elif mems is None and memory_kv is None:
+        elif mems is None:
             mems = self.memory.initial_memories(ops.shape(tokens)[0]) if settings.mem_len else None
-        kv_only = mems is None and memory_kv is not None
-        if cache_kv and memory_kv is None and mems is not None:
-            memory_kv = self.memory_kv(mems)
+        hidden, layer_inputs = self._forward(tokens, mems, memory_valid, settings, training)
+        new_mems = self.memory(layer_inputs, mems, mem_len=settings.mem_len)
+        if memory_valid is None:
+            memory_valid = 0 if mems is None else ops.shape(mems[0])[1]
+        valid = self._next_valid(memory_valid, ops.shape(tokens)[1], settings)
+        if self.stateful:
+            self.memory.write(new_mems, valid)
+        return {"hidden": self.out_dropout(hidden, training=training), "mems": new_mems, "memory_valid": valid}
 
-        if position_keys is not None and (self.config.attn_type != 0 or len(position_keys) != self.config.n_layer):
-            raise ValueError(f"Expected `position_keys` to be the list of n_layer={self.config.n_layer} tensors "
-                             "of project_positions() (attn_type 0 only).")
-        hidden, layer_inputs, current_kv = self._forward_layers(
-            tokens, mems, memory_kv, memory_valid, settings, cache_kv, training, position_keys,
-            memory_kv_offset, block_program)
-        out = {"hidden": self.out_dropout(hidden, training=training)}
-        if not kv_only:
-            out["mems"] = self.memory(layer_inputs, mems, mem_len=settings.mem_len)
-        if cache_kv:  # the same update as the memory's, applied to its keys and values
-            if memory_kv_offset is None:
-                out["memory_kv"] = self.memory(current_kv, memory_kv, mem_len=settings.mem_len)
-            kept = ops.shape(tokens)[1] - settings.ext_len
-            out["segment_kv"] = [kv[:, :kept] for kv in current_kv] if settings.ext_len else current_kv
-        if memory_valid is not None:
-            query_length = ops.shape(tokens)[1]
-            out["memory_valid"] = ops.minimum(settings.mem_len, memory_valid + query_length - settings.ext_len)
-            if self.stateful:
-                self.memory.write(out["mems"], out["memory_valid"])
-        return out
-
-    def _forward_layers(self, tokens, mems, memory_kv, memory_valid, settings, cache_kv, training,
-                        position_keys=None, memory_kv_offset=None, block_program=None):
-        """Embedding and the blocks: `(hidden, each layer's input, each layer's current
-        keys and values)`."""
+    def _forward(self, tokens, mems, memory_valid, settings, training):
+        """Embedding and blocks: `(hidden states before the last dropout, each block's input)`."""
         c = settings
         query_length = ops.shape(tokens)[1]
-        stored = mems if mems is not None else memory_kv
-        memory_length = 0 if stored is None else ops.shape(stored[0])[1]
-        if memory_kv_offset is not None:
-            memory_length = c.mem_len
-        max_distance = None
-        if c.same_length:
-            max_distance = c.mem_len if c.same_length_convention == "tf" else c.mem_len - 1
-        mask = causal_attention_mask(query_length, memory_length, memory_valid, max_distance)
+        memory_length = 0 if mems is None else ops.shape(mems[0])[1]
+        mask = self._mask(query_length, memory_length, memory_valid, settings)
         positions = relative_positions(memory_length + query_length)
-        # The sinusoid, unless the position keys come projected already.
-        needs_encoding = c.attn_type == 2 or (c.attn_type == 0 and position_keys is None)
-        pos_emb = self.pos_emb(positions, clamp_len=c.clamp_len) if needs_encoding else None
-
+        encoding = self.pos_emb(positions, clamp_len=c.clamp_len) if c.attn_type in (0, 2) else None
         hidden = self.word_emb(tokens)
         if c.attn_type == 2:
-            hidden = hidden + pos_emb[memory_length:]
+            hidden = hidden + encoding[memory_length:]
         hidden = self.emb_dropout(hidden, training=training)
-        if c.attn_type == 0 and pos_emb is not None:
-            pos_emb = self.pos_dropout(pos_emb, training=training)
+        if c.attn_type == 0:
+            encoding = self.pos_dropout(encoding, training=training)
         rows = self._position_rows(positions, memory_length + query_length, c.clamp_len)
-        # Distances past clamp_len share one encoding row, which the layers then score
+        # Distances past clamp_len share one encoding row, which the layers may then score
         # once; not where dropout on the encoding makes those rows differ (training).
-        clamp_len = c.clamp_len if c.attn_type == 0 and c.clamp_len > 0 and (
-            position_keys is not None or not training or c.dropout == 0) else None
-
-        static = dict(cache_kv=cache_kv, clamp_len=clamp_len, training=training,
-                      mem_len=None if memory_kv_offset is None else memory_length)
-        layers = []  # each block's arguments besides its input
-        for i in range(len(self.blocks)):
-            memory = None if mems is None else mems[i]
-            absolute, memory = self._absolute_positions(i, memory, memory_length, pos_emb, rows)
-            positions = self._relative_position_inputs(i, pos_emb, rows)
-            if position_keys is not None:
-                positions["position_keys"] = position_keys[i]
-                del positions["position_encoding"]
-            kv = None if memory_kv is None else memory_kv[i]
-            layers.append((memory, kv, memory_kv_offset, mask, positions, absolute))
-        hidden, layer_inputs, current_kv = (block_program or self.run_blocks)(hidden, layers, static)
-        return hidden, layer_inputs, current_kv if cache_kv else []
-
-    def run_blocks(self, hidden, layers, static, blocks=None):
-        """`blocks` (default: all) in turn from `hidden`, block `i` with `layers[i]`:
-        `(hidden, each block's input, each block's keys and values)`; see `block_step`."""
-        inputs, current_kv = [], []
-        for block, args in zip(self.blocks if blocks is None else blocks, layers):
+        clamp_len = c.clamp_len if c.attn_type == 0 and c.clamp_len > 0 and (not training or c.dropout == 0) \
+            else None
+        inputs = []
+        for i, block in enumerate(self.blocks):
             inputs.append(hidden)
-            hidden, kv = self.block_step(block, hidden, *args, **static)
-            current_kv.append(kv)
-        return hidden, inputs, current_kv
+            absolute, memory = self._absolute_positions(i, None if mems is None else mems[i], memory_length,
+                                                        encoding, rows)
+            if absolute is not None:
+                hidden = hidden + absolute
+            hidden = block(hidden, memory=memory, attention_mask=mask, clamp_len=clamp_len, training=training,
+                           **self._relative_position_inputs(i, encoding, rows))
+        return hidden, inputs
 
-    def block_step(self, block, hidden, memory, memory_kv, memory_kv_offset, mask, positions, absolute,
-                   cache_kv, clamp_len, training, mem_len=None):
-        """One block of the forward pass: `(hidden, keys and values of its rows)` (None
-        without `cache_kv`). `memory_kv` is this layer's (a ring with `memory_kv_offset`,
-        read by the attention as its last `mem_len` rows in time order); `positions` the block's
-        position arguments (`position_encoding` or `position_keys`, biases); `absolute`
-        what attn_type 3 adds to its input (else None)."""
-        if absolute is not None:
-            hidden = hidden + absolute
-        kwargs = dict(positions)
-        if clamp_len is not None:
-            kwargs["clamp_len"] = clamp_len
-        current_kv = None
-        if cache_kv:  # the segment's queries, keys and values in one product
-            kwargs["queries"], current_kv = block.attention.project_qkv(hidden)
-            if memory_kv is None:
-                kwargs["context_kv"] = current_kv
-            elif memory_kv_offset is not None:  # a head-major ring: keys and values as the scores take them
-                # (joined to the segment's by the attention, one head group at a time)
-                heads = self.config.n_head
-                current = head_major(current_kv, heads)
-                kwargs["context_kv"] = (current[:heads], current[heads:])
-                kwargs["memory_ring"], kwargs["memory_ring_rows"] = (memory_kv, memory_kv_offset), mem_len
-            else:
-                kwargs["context_kv"] = ops.concatenate([ops.cast(memory_kv, self.compute_dtype), current_kv], axis=1)
-        return block(hidden, memory=memory, attention_mask=mask, training=training, **kwargs), current_kv
+    def _mask(self, query_length, memory_length, memory_valid, settings):
+        max_distance = None
+        if settings.same_length:  # the TF code shows mem_len + 1 keys to every query, PyTorch's mem_len
+            max_distance = settings.mem_len if settings.same_length_convention == "tf" else settings.mem_len - 1
+        return causal_attention_mask(query_length, memory_length, memory_valid, max_distance)
+
+    def _next_valid(self, memory_valid, query_length, settings):
+        """How many memory slots hold real positions after a segment of `query_length`."""
+        return ops.minimum(settings.mem_len, ops.cast(memory_valid, "int32") + query_length - settings.ext_len)
+
+    # -- frozen weights: the memory in an InferenceCache ----------------------------------
+
+    @property
+    def can_cache_kv(self):
+        """Whether the cache holds the memory's keys and values (relative positions,
+        attn_type 0 or 1: they do not change from one segment to the next), rather than
+        its hidden states."""
+        return self.config.attn_type in (0, 1)
+
+    def memory_rows(self, mems):
+        """What an `InferenceCache` holds of memories `(batch_size, L, d_model)` (one per
+        layer): their keys and values `(batch_size, L, 2 * n_head * d_head)`, keys first,
+        or (absolute positions) the memories themselves."""
+        if not self.can_cache_kv:
+            return [ops.cast(m, self.compute_dtype) for m in mems]
+        return [block.attention.project_kv(m) for block, m in zip(self.blocks, mems)]
+
+    def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
+        """An `InferenceCache` of an empty memory of `batch_size` streams (with `mem_init`
+        "zeros", `mem_len` zero rows that count). With attn_type 0 it holds each layer's
+        position keys for segments of up to `segment_length` tokens (default `tgt_len`),
+        projected once."""
+        settings = self.config.with_memory(mem_len, clamp_len)
+        zero_init = settings.mem_init == "zeros"
+        groups = 2 * settings.n_head if self.can_cache_kv else 1
+        zero = ops.zeros((batch_size, 1, settings.d_model), self.compute_dtype)
+        rings = []
+        for row in self.memory_rows([zero] * settings.n_layer):  # a zero row's keys and values, for every slot
+            row = head_major(row if zero_init else ops.zeros_like(row), groups)  # (G, batch_size, 1, W)
+            rings.append(ops.broadcast_to(row, tuple(row.shape[:2]) + (settings.mem_len, row.shape[3])))
+        position_keys = ()
+        if settings.attn_type == 0:
+            position_keys = tuple(self.project_positions(settings.mem_len + (segment_length or settings.tgt_len),
+                                                         settings.clamp_len))
+        valid = ops.convert_to_tensor(settings.mem_len if zero_init else 0, "int32")
+        return InferenceCache(tuple(rings), ops.convert_to_tensor(0, "int32"), valid, position_keys)
+
+    def call_with_cache(self, tokens, cache, mem_len=None, clamp_len=None, same_length=None):
+        """`call` for frozen weights: `(hidden (batch_size, T, d_model), the cache advanced by
+        the segment)`; `mem_len`, `clamp_len` and `same_length` as the cache was made."""
+        hidden, rows, valid = self.forward_with_cache(tokens, cache, mem_len, clamp_len, same_length)
+        return hidden, cache.append(rows, valid)
+
+    def forward_with_cache(self, tokens, cache, mem_len=None, clamp_len=None, same_length=None):
+        """A segment against the cache, which it does not change: `(hidden, the rows the
+        segment adds to each layer's memory (batch_size, T - ext_len, G * W), the new count
+        of real rows)`."""
+        self._check_inputs(tokens, None)
+        settings = self.config.with_memory(mem_len, clamp_len, same_length)
+        self._check_cache(cache, settings)
+        if self.can_cache_kv:
+            hidden, layer_args = self.cached_inputs(tokens, cache, settings)
+            hidden, rows = self.run_cached_blocks(hidden, cache, layer_args)
+        else:  # absolute positions: the hidden memory in time order, through the plain forward pass
+            mems = [time_major(cache.rows(i, settings.mem_len)) for i in range(settings.n_layer)]
+            hidden, rows = self._forward(tokens, mems if settings.mem_len else None, cache.valid, settings, False)
+        return hidden, self.segment_rows(rows, settings), self._next_valid(cache.valid, ops.shape(tokens)[1], settings)
+
+    def segment_rows(self, rows, settings):
+        """The rows of a segment's `rows` that enter the memory (all but the last `ext_len`)."""
+        if not settings.ext_len:
+            return rows
+        return [r[:, : ops.shape(r)[1] - settings.ext_len] for r in rows]
+
+    def cached_inputs(self, tokens, cache, settings):
+        """The embedded segment and each block's arguments of `run_cached_blocks`
+        (relative positions)."""
+        query_length = ops.shape(tokens)[1]
+        key_length = settings.mem_len + query_length
+        positions = relative_positions(key_length)
+        encoding = None
+        if settings.attn_type == 0 and not cache.position_keys:
+            encoding = self.pos_emb(positions, clamp_len=settings.clamp_len)
+        rows = self._position_rows(positions, key_length, settings.clamp_len)
+        common = dict(memory_length=settings.mem_len,
+                      attention_mask=self._mask(query_length, settings.mem_len, cache.valid, settings),
+                      clamp_len=settings.clamp_len if settings.attn_type == 0 and settings.clamp_len > 0 else None)
+        layer_args = [{**common, **self._relative_position_inputs(i, encoding, rows)} for i in range(settings.n_layer)]
+        return self.word_emb(tokens), layer_args
+
+    def run_cached_blocks(self, hidden, cache, layer_args, blocks=None):
+        """`blocks` (default: all) in turn from `hidden`, block `i` against layer `i` of
+        `cache` with `layer_args[i]`: `(hidden, each block's keys and values)`."""
+        rows = []
+        for i, (block, args) in enumerate(zip(self.blocks if blocks is None else blocks, layer_args)):
+            hidden, kv = block.call_with_cache(hidden, cache, i, **args)
+            rows.append(kv)
+        return hidden, rows
+
+    def _check_cache(self, cache, settings):
+        c = self.config
+        groups, width = (2 * c.n_head, c.d_head) if self.can_cache_kv else (1, c.d_model)
+        if not isinstance(cache, InferenceCache) or len(cache.rings) != c.n_layer:
+            raise ValueError(f"Expected an InferenceCache of n_layer={c.n_layer} rings (init_cache()). "
+                             f"Received: {type(cache).__name__}")
+        for ring in cache.rings:
+            shape = tuple(ring.shape)
+            if len(shape) != 4 or (shape[0], shape[3]) != (groups, width) or shape[2] < settings.mem_len:
+                raise ValueError(f"Expected cache rings of shape ({groups}, batch_size, capacity >= mem_len="
+                                 f"{settings.mem_len}, {width}), as init_cache() makes them. Received shape {shape}")
+
+    def project_positions(self, key_length, clamp_len=None):
+        """Each layer's position keys for `key_length` keys (attn_type 0): `n_layer`
+        tensors `(n_head, d_head, distinct_distances(key_length, clamp_len))`, for calls with
+        at most `key_length` keys and this `clamp_len` (default: the config's)."""
+        if self.config.attn_type != 0:
+            raise ValueError(f"Position keys are projected only with attn_type 0 (the paper's); this is "
+                             f"attn_type={self.config.attn_type}.")
+        clamp_len = self.config.clamp_len if clamp_len is None else clamp_len
+        rows = distinct_distances(key_length, clamp_len)
+        encoding = self.pos_emb(relative_positions(rows), clamp_len=clamp_len)
+        return [block.attention.project_positions(encoding) for block in self.blocks]
+
+    # -- positions of each layer -------------------------------------------------------------
 
     def _position_rows(self, positions, key_length, clamp_len):
         """Rows of the learned position tables (attn_type 1 and 3), else None."""

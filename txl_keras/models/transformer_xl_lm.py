@@ -17,9 +17,15 @@ class TransformerXLLM(keras.Model):
 
     `out["nll"]` `(batch_size, T)` float32 is the negative log-likelihood (nats) of each
     target when `targets` are given, `out["mems"]` is the memory to pass to the next
-    call (`mems=None` starts a stream), `out["hidden"]` the final hidden states, and
+    call (`mems=None` starts a stream) and `out["memory_valid"]` how many of its newest
+    slots hold real positions, `out["hidden"]` the final hidden states, and
     `out["log_probs"]` `(batch_size, T, n_token)` the full log-probabilities when
     `return_log_probs=True`.
+
+    For frozen weights (evaluation, generation) `call_with_cache(tokens, cache, ...)`
+    takes the memory as an `InferenceCache` (`init_cache(batch_size)`) and returns
+    `(out, cache)`: with relative positions the memory is held as its keys and values,
+    projected once, not at every segment.
 
     With `stateful=True` the memory stays inside the model, so `model.fit` on an
     ordered dataset of `(inputs, targets)` batches (never shuffled, a fixed batch size)
@@ -41,9 +47,6 @@ class TransformerXLLM(keras.Model):
         return_log_probs: bool.
         mem_len, clamp_len, same_length: optional per-call overrides (evaluation).
         memory_valid: optional int32 scalar, see `TransformerXL`.
-        cache_kv, memory_kv: keep the memory's keys and values between calls instead of
-            projecting the memory again (evaluation, generation), see `TransformerXL`.
-        position_keys: the position encoding projected once, see `TransformerXL`.
 
     Example:
     >>> model = TransformerXLLM(TransformerXLConfig.from_preset("tiny"))
@@ -97,35 +100,26 @@ class TransformerXLLM(keras.Model):
         self.softmax.build(tokens_shape + (self.config.d_model,), tokens_shape)
         self.built = True
 
-    def call(
-        self,
-        tokens,
-        targets=None,
-        mems=None,
-        training=False,
-        return_log_probs=False,
-        mem_len=None,
-        clamp_len=None,
-        same_length=None,
-        memory_valid=None,
-        cache_kv=False,
-        memory_kv=None,
-        position_keys=None,
-    ):
-        out = dict(
-            self.backbone(
-                tokens,
-                mems=mems,
-                training=training,
-                mem_len=mem_len,
-                clamp_len=clamp_len,
-                same_length=same_length,
-                memory_valid=memory_valid,
-                cache_kv=cache_kv,
-                memory_kv=memory_kv,
-                position_keys=position_keys,
-            )
-        )
+    def call(self, tokens, targets=None, mems=None, training=False, return_log_probs=False, mem_len=None,
+             clamp_len=None, same_length=None, memory_valid=None):
+        out = dict(self.backbone(tokens, mems=mems, training=training, mem_len=mem_len, clamp_len=clamp_len,
+                                 same_length=same_length, memory_valid=memory_valid))
+        return {**out, **self._head(out["hidden"], tokens, targets, return_log_probs, training)}
+
+    def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
+        """An `InferenceCache` of an empty memory (see `TransformerXL.init_cache`)."""
+        return self.backbone.init_cache(batch_size, mem_len, clamp_len, segment_length)
+
+    def call_with_cache(self, tokens, cache, targets=None, return_log_probs=False, mem_len=None, clamp_len=None,
+                        same_length=None):
+        """`call` for frozen weights, the memory in `cache`: `(out, the cache advanced by
+        the segment)`, `out` with `"hidden"` and, as asked, `"nll"` and `"log_probs"`;
+        `mem_len`, `clamp_len` and `same_length` as the cache was made."""
+        hidden, cache = self.backbone.call_with_cache(tokens, cache, mem_len, clamp_len, same_length)
+        return {"hidden": hidden, **self._head(hidden, tokens, targets, return_log_probs, False)}, cache
+
+    def _head(self, hidden, tokens, targets, return_log_probs, training):
+        out = {}
         if targets is not None:
             if tuple(targets.shape) != tuple(tokens.shape):
                 raise ValueError(
@@ -133,9 +127,9 @@ class TransformerXLLM(keras.Model):
                     f"Received shape {tuple(targets.shape)}"
                 )
             self.backbone._check_inputs(targets, None)
-            out["nll"] = self.softmax(out["hidden"], targets, training=training)
+            out["nll"] = self.softmax(hidden, targets, training=training)
         if return_log_probs:
-            out["log_probs"] = self.softmax.log_probs(out["hidden"])
+            out["log_probs"] = self.softmax.log_probs(hidden)
         return out
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

@@ -1,11 +1,11 @@
-"""Dropout's random bits on the TensorFlow backend (`ReplicaDropout`; the layers use
-keras.ops only): two units' 16 bits from each 32-bit output of TensorFlow's stateless
-Philox generator, half of the draws of one uniform float per unit. The 32-bit words are
-viewed as pairs of 16-bit integers (a bitcast, no copy; XLA compiles it too)."""
+"""Dropout's random bits on TensorFlow: two units' 16 bits from each 32-bit output of the
+stateless Philox generator, half the draws of one number per unit. The 32-bit words are
+viewed as pairs of 16-bit integers (a bitcast, no copy; XLA compiles it too). Its
+reference is `keras.random.randint` (`replica_dropout.random_bits` with no source)."""
 
 import tensorflow as tf
 
-from txl_keras.layers.replica_dropout import KEEP_BITS, set_random_bits_source
+from txl_keras.layers.replica_dropout import KEEP_BITS
 
 assert KEEP_BITS == 16  # the bitcast below splits each 32-bit word in two
 
@@ -24,5 +24,3 @@ def philox_bits16(inputs, seed_generator):
         halves = halves[:size]
     return tf.reshape(halves, tf.shape(inputs))
 
-
-set_random_bits_source(philox_bits16)

@@ -1,10 +1,6 @@
-"""The `tf.distribute` replica id for `ReplicaDropout` on the TensorFlow backend (the
-layers use keras.ops only; this, `tf_whole_draw` and `tf_random_bits` are the
-TensorFlow-specific pieces they are given)."""
+"""The `tf.distribute` replica id, for `ReplicaDropout` (each replica draws its own masks)."""
 
 import tensorflow as tf
-
-from txl_keras.layers.replica_dropout import set_replica_id_source
 
 
 def tf_replica_id():
@@ -14,5 +10,3 @@ def tf_replica_id():
         return None
     return context.replica_id_in_sync_group
 
-
-set_replica_id_source(tf_replica_id)

@@ -1,9 +1,6 @@
-"""Large random weights drawn at once on the TensorFlow backend, taking their size only
-once (`weight_initializers.set_whole_draw`; the layers use keras.ops only)."""
+"""Large random weights drawn at once, taking their size only once (`weight_initializers`)."""
 
 import tensorflow as tf
-
-from txl_keras.layers.weight_initializers import set_whole_draw
 
 
 def draw_as_one_graph(initializer, shape, dtype):
@@ -21,5 +18,3 @@ def draw_as_one_graph(initializer, shape, dtype):
     finally:
         tf.config.optimizer.set_experimental_options({"constant_folding": folding})
 
-
-set_whole_draw(draw_as_one_graph)

@@ -1,13 +1,12 @@
 """TensorFlow's CPU allocator: select the BFC allocator, which keeps freed memory for reuse.
 
 TensorFlow's default CPU allocator hands every large buffer back to the operating system
-when it is freed (glibc serves large or worker-thread allocations with mmap), so each step
-faults its temporaries and activations in again, page by page: ~29,000 faults per segment of
-the wt103 evaluation at batch 1, a sixth of its time. The BFC allocator (TensorFlow's GPU
-allocator, also used for host memory on GPU machines) keeps them. Chosen when `txl_keras` is
-imported, before TensorFlow creates its CPU device; a value already in the environment wins
-(`TF_CPU_ALLOCATOR_USE_BFC=false` keeps TensorFlow's default). The BFC allocator's limit
-defaults to 64 GB; it is raised to the machine's memory where that is larger.
+when it is freed, so each step faults its temporaries and activations in again, page by
+page; the BFC allocator (TensorFlow's GPU allocator, also used for host memory on GPU
+machines) keeps them. It must be chosen before TensorFlow creates its CPU device; a value
+already in the environment wins (`TF_CPU_ALLOCATOR_USE_BFC=false` keeps TensorFlow's
+default). Its limit defaults to 64 GB and is raised to the machine's memory where that is
+larger.
 """
 
 import os
