@@ -6,7 +6,7 @@ from keras import ops
 
 import reference
 from txl_keras.layers import AdaptiveEmbedding, AdaptiveSoftmax
-from txl_keras.layers.adaptive_softmax import row_blocks, sparse_nll
+from txl_keras.kernels import nll as nll_kernels
 
 V, E, D = 20, 8, 6
 
@@ -75,12 +75,10 @@ def test_nll_equals_gathered_log_probs(case, tail_mode):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("tail_mode", ["gather", "dense"])
 def test_nll_without_gradients_taken_piece_by_piece_matches_reference(case, tail_mode, monkeypatch):
-    from txl_keras.layers import adaptive_softmax
-
     # Pieces of 2-3 rows: every cluster (and the head's tail columns) spans several.
-    monkeypatch.setattr(adaptive_softmax, "PIECE_ALIGN", 1)
-    monkeypatch.setattr(adaptive_softmax, "PIECE_VALUES", 21 * 3)
-    monkeypatch.setattr(adaptive_softmax, "PIECE_ROWS", 2)
+    monkeypatch.setattr(nll_kernels, "PIECE_ALIGN", 1)
+    monkeypatch.setattr(nll_kernels, "PIECE_VALUES", 21 * 3)
+    monkeypatch.setattr(nll_kernels, "PIECE_ROWS", 2)
     emb, soft = make_pair(**case, tail_mode=tail_mode)
     rng = np.random.default_rng(5)
     h = rng.normal(size=(3, 7, D)).astype("float32")
@@ -108,10 +106,8 @@ def test_nll_without_gradients_traces_one_piece_however_many_the_vocabulary_has(
     the same size for 60 pieces as for 20, and both give the gathered log-probabilities."""
     import tensorflow as tf
 
-    from txl_keras.layers import adaptive_softmax
-
     vocab = 240  # clusters of 240, or 60 / 60 / 120 words: whole pieces of 4 or 12 rows
-    monkeypatch.setattr(adaptive_softmax, "PIECE_ALIGN", 1)
+    monkeypatch.setattr(nll_kernels, "PIECE_ALIGN", 1)
     soft = AdaptiveSoftmax(vocab, E, D, cutoffs=cutoffs, tie_weight=False, tie_projs=[False] * (len(cutoffs) + 1))
     soft.build()
     randomize(soft, seed=6)
@@ -122,28 +118,12 @@ def test_nll_without_gradients_traces_one_piece_however_many_the_vocabulary_has(
     spec = tf.TensorSpec((None, 7, D), "float32"), tf.TensorSpec((None, 7), "int32")  # rows unknown: PIECE_ROWS
     sizes = []
     for rows in (4, 12):
-        monkeypatch.setattr(adaptive_softmax, "PIECE_ROWS", rows)
+        monkeypatch.setattr(nll_kernels, "PIECE_ROWS", rows)
         lean = tf.function(lambda h, t: soft(h, t, training=False), input_signature=spec)
         graph = lean.get_concrete_function().graph.as_graph_def()
         sizes.append(len(graph.node) + sum(len(f.node_def) for f in graph.library.function))
         np.testing.assert_allclose(lean(h, targets).numpy(), want, atol=1e-4)
     assert sizes[0] == sizes[1]
-
-
-@pytest.mark.parametrize("rows", [5, 0])
-def test_sparse_nll_and_its_gradient_match_numpy(rows):
-    rng = np.random.default_rng(7)
-    # large logits with a large offset per row: a naive exp would overflow
-    logits = (rng.normal(size=(rows, 9)) * 30 + rng.normal(size=(rows, 1)) * 500).astype("float32")
-    targets = rng.integers(0, 9, size=(rows,)).astype("int32")
-    weights = rng.uniform(0.5, 2.0, size=(rows,)).astype("float32")  # an upstream gradient that is not 1
-    x = logits.astype(np.float64)
-    want = -reference.log_softmax(x)[np.arange(rows), targets]
-    np.testing.assert_allclose(to_np(sparse_nll(logits, targets)), want, rtol=1e-5, atol=1e-3)
-    want_grad = weights[:, None] * (reference.softmax(x) - np.eye(9)[targets])
-    got = gradient(lambda v: ops.multiply(sparse_nll(ops.multiply(v, 1.0), targets), weights), logits)  # (v * 1: a tensor, not TF's variable)
-    assert got.shape == (rows, 9)
-    np.testing.assert_allclose(got, want_grad, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES[1:3] + CASES[5:])
@@ -272,46 +252,3 @@ def test_serialization_round_trip():
                            cluster_order="pytorch")
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(soft))
     assert restored.get_config() == soft.get_config()
-
-
-@pytest.mark.parametrize("width,dtype", [(410, "float32"), (8, "float32"), (16, "float32"), (3, "float16")])
-def test_row_blocks_are_the_rows_of_the_table(width, dtype):
-    # The blocks the softmax multiplies with (shared views of aligned rows plus small
-    # copies at the ends) are exactly the rows a plain slice takes, for every range.
-    rows = 45
-    table = np.arange(rows * width, dtype=dtype).reshape(rows, width)
-    for low, high in [(0, rows), (0, 1), (3, 4), (5, 12), (8, 40), (17, rows), (40, rows), (1, 44)]:
-        blocks = [to_np(b) for b in row_blocks(keras.ops.convert_to_tensor(table), low, high)]
-        assert sum(len(b) for b in blocks) == high - low
-        np.testing.assert_array_equal(np.concatenate(blocks), table[low:high])
-
-
-def test_few_rows_against_a_large_table_give_the_same_logits():
-    # Few hidden rows against a wide, tall table take the streamed product (W @ x^T)^T,
-    # statically (known row count) or by a runtime branch (dynamic count, TensorFlow).
-    rng = np.random.default_rng(3)
-    soft = AdaptiveSoftmax(20000, 128, 128, cutoffs=[100], tie_weight=False, tie_projs=[False, False])
-    soft.build()
-    table = rng.normal(size=(20000, 128)).astype("float32")
-    for n in (3, 700):  # 3 * 32 <= 20000 (streamed), 700 * 32 > 20000 (plain)
-        x = rng.normal(size=(n, 128)).astype("float32")
-        np.testing.assert_allclose(to_np(soft._block_logits(ops.convert_to_tensor(x), ops.convert_to_tensor(table))),
-                                   x @ table.T, rtol=1e-4, atol=1e-4)
-    if keras.config.backend() == "tensorflow":
-        import tensorflow as tf
-
-        dynamic = tf.function(lambda x: soft._block_logits(x, tf.constant(table)),
-                              input_signature=[tf.TensorSpec([None, 128], tf.float32)])
-        for n in (3, 700):
-            x = rng.normal(size=(n, 128)).astype("float32")
-            np.testing.assert_allclose(dynamic(x).numpy(), x @ table.T, rtol=1e-4, atol=1e-4)
-
-
-def test_a_piece_waits_for_a_value_without_changing_its_input():
-    """`_after(x, value)` orders the pieces of the lean NLL (a data dependency on `value`)
-    and adds exactly zero, whatever `value` holds."""
-    from txl_keras.layers.adaptive_softmax import _after
-
-    x = np.array([[1.5, -2.0], [0.0, 3.25]], "float32")
-    for value in ([np.inf, np.nan, -np.inf], [1e38, 1e38], []):
-        np.testing.assert_array_equal(to_np(_after(x, np.array(value, "float32"))), x)

@@ -13,9 +13,9 @@ import txl_keras
 MODULES = [
     "txl_keras.layers.positional_embedding", "txl_keras.layers.relative_attention",
     "txl_keras.layers.positionwise_feed_forward", "txl_keras.layers.transformer_xl_block",
-    "txl_keras.layers.memory_cache", "txl_keras.layers.layer_norm", "txl_keras.layers.key_value_memory",
+    "txl_keras.layers.memory_cache", "txl_keras.layers.layer_norm", "txl_keras.layers.inference_cache",
     "txl_keras.layers.adaptive_embedding", "txl_keras.layers.adaptive_softmax", "txl_keras.models.transformer_xl",
-    "txl_keras.models.transformer_xl_lm",
+    "txl_keras.models.transformer_xl_lm", "txl_keras.kernels",
 ]
 
 

@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import keras
@@ -6,8 +7,9 @@ import pytest
 from conftest import attention_weights, feed_forward_weights, randomize, to_np
 
 import reference
-from txl_keras import TransformerXLConfig, TransformerXLLM
-from txl_keras.layers import KeyValueMemory
+from txl_keras import TransformerXLConfig, TransformerXLLM, kernels
+from txl_keras.layers import CacheStore
+from txl_keras.layers.inference_cache import time_major
 
 ADAPTIVE = dict(n_token=40, n_layer=2, d_model=12, d_embed=16, n_head=2, d_head=5, d_inner=20,
                 dropout=0.0, dropatt=0.0, tgt_len=5, mem_len=6, cutoffs=[10, 24], div_val=2,
@@ -53,24 +55,35 @@ def tokens(cfg, batch, length, seed=0):
     {"same_length": True, "same_length_convention": "pytorch", "cluster_order": "pytorch"},
     {"pre_lnorm": True, "untie_r": False, "div_val": 1, "proj_share_all_but_first": False},
 ])
-@pytest.mark.parametrize("cache_kv", [False, True])
-def test_two_segments_match_numpy_model(overrides, cache_kv):
+@pytest.mark.parametrize("path", ["fast", "reference", "cached"])
+def test_two_segments_match_numpy_model(overrides, path):
+    """The plain call with the fast kernels, with the paper's plain computation, and the
+    frozen-weight call with the memory held as keys and values (`call_with_cache`)."""
     cfg = TransformerXLConfig(**{**ADAPTIVE, **overrides})
     model = build(cfg)
     w = numpy_weights(model)
     x1, x2 = tokens(cfg, 2, 5, 1), tokens(cfg, 2, 4, 2)
-    out1 = model(x1, targets=x2[:, :1].repeat(5, 1), cache_kv=cache_kv)
-    out2 = model(x2, targets=x1[:, :4], mems=out1["mems"], return_log_probs=True,
-                 memory_kv=out1.get("memory_kv"))
     h1, mems1, _ = reference.model_forward(w, cfg, x1)
     h2, mems2, log_probs2 = reference.model_forward(w, cfg, x2, mems1)
+    with kernels.reference_kernels() if path == "reference" else contextlib.nullcontext():
+        if path == "cached":
+            cache = model.init_cache(2)
+            _, cache = model.call_with_cache(x1, cache, targets=x2[:, :1].repeat(5, 1))
+            out2, cache = model.call_with_cache(x2, cache, targets=x1[:, :4], return_log_probs=True)
+            # the cache holds the keys and values of the memory the reference keeps
+            memory_rows = model.backbone.memory_rows([m.astype("float32") for m in mems2])
+            for layer, want in enumerate(memory_rows):
+                np.testing.assert_allclose(to_np(time_major(cache.rows(layer, 6))), to_np(want), atol=2e-4)
+        else:
+            out1 = model(x1, targets=x2[:, :1].repeat(5, 1))
+            out2 = model(x2, targets=x1[:, :4], mems=out1["mems"], return_log_probs=True)
+            for got, want in zip(out2["mems"], mems2):
+                np.testing.assert_allclose(to_np(got), want, atol=2e-4)
+            assert to_np(out2["mems"][0]).shape == (2, 6, 12)
     np.testing.assert_allclose(to_np(out2["hidden"]), h2, atol=2e-4)
     np.testing.assert_allclose(to_np(out2["log_probs"]), log_probs2, atol=2e-4)
     want_nll = -np.take_along_axis(log_probs2, x1[:, :4, None], -1)[..., 0]
     np.testing.assert_allclose(to_np(out2["nll"]), want_nll, atol=2e-4)
-    for got, want in zip(out2["mems"], mems2):
-        np.testing.assert_allclose(to_np(got), want, atol=2e-4)
-    assert to_np(out2["mems"][0]).shape == (2, 6, 12)
 
 
 @pytest.mark.parametrize("attn_type", [0, 1])
@@ -89,55 +102,47 @@ def test_segment_with_memory_equals_one_long_pass(attn_type):
     {"attn_type": 1},
     {"pre_lnorm": True, "mem_init": "zeros"},
     {"same_length": True, "clamp_len": 4, "ext_len": 2},
+    {"attn_type": 2},  # absolute positions: the cache holds hidden states
+    {"attn_type": 3, "d_head": 6, "mem_init": "zeros"},
 ])
-def test_cached_memory_keys_and_values_equal_recomputing_them(overrides):
+def test_the_cached_call_equals_the_plain_call_segment_by_segment(overrides):
+    """`call_with_cache` (the cache advanced functionally) and a `CacheStore` written in
+    place, with the position keys projected once for more keys than needed, give the plain
+    call's NLL over four segments; the store's rows are the plain memory's."""
     cfg = TransformerXLConfig(**{**ADAPTIVE, **overrides})
     model = build(cfg)
     x = tokens(cfg, 2, 20)
-    plain = cached = None
-    # the memory held only as keys and values, in a ring written in place
-    ring = KeyValueMemory(cfg.mem_len, cfg.n_layer, 2 * cfg.n_head * cfg.d_head, 2, 5 - cfg.ext_len,
-                          num_heads=cfg.n_head)
+    plain = None
+    cache = model.init_cache(2)
+    groups, width = (2 * cfg.n_head, cfg.d_head) if model.backbone.can_cache_kv else (1, cfg.d_model)
+    store = CacheStore(cfg.mem_len, cfg.n_layer, groups, width, 2, 5 - cfg.ext_len)
     if cfg.mem_init == "zeros":
-        ring.reset(model.backbone.memory_kv([np.zeros((2, cfg.mem_len, cfg.d_model), "float32")] * cfg.n_layer),
-                   cfg.mem_len)
+        zeros = [np.zeros((2, cfg.mem_len, cfg.d_model), "float32")] * cfg.n_layer
+        store.reset(model.backbone.memory_rows(zeros), cfg.mem_len)
+    keys = model.backbone.project_positions(cfg.mem_len + 7) if cfg.attn_type == 0 else ()
     for start in range(0, 20, 5):
         segment = x[:, start:start + 5]
         plain = model(segment, targets=segment, mems=plain and plain["mems"])
-        cached = model(segment, targets=segment, mems=cached and cached["mems"],
-                       memory_kv=cached and cached["memory_kv"], cache_kv=True)
+        cached, cache = model.call_with_cache(segment, cache, targets=segment)
         np.testing.assert_allclose(to_np(cached["nll"]), to_np(plain["nll"]), atol=1e-5)
-        kvs, valid = ring.read()
-        # with the paper's positions, also their projection computed once (for more keys than needed)
-        keys = model.backbone.project_positions(cfg.mem_len + 7) if cfg.attn_type == 0 else None
-        ringed = model(segment, targets=segment, memory_kv=kvs, memory_valid=valid, position_keys=keys)
-        assert "mems" not in ringed
-        np.testing.assert_allclose(to_np(ringed["nll"]), to_np(plain["nll"]), atol=1e-5)
-        ring.append(ringed["segment_kv"], ringed["memory_valid"])
-        kvs, valid = ring.read()
-        for kv, want in zip(kvs, cached["memory_kv"]):  # its newest rows are the cached memory's
-            n = int(valid)
-            np.testing.assert_allclose(to_np(kv)[:, cfg.mem_len - n:], to_np(want)[:, -n:], atol=1e-6)
-        for block, mem, kv in zip(model.backbone.blocks, cached["mems"], cached["memory_kv"]):
-            # the cache holds exactly the projection of the memory it stands for
-            rows, layer = to_np(mem), block.attention
-            if cfg.pre_lnorm:
-                rows = (rows - rows.mean(-1, keepdims=True)) / np.sqrt(
-                    rows.var(-1, keepdims=True) + cfg.layer_norm_epsilon)
-                gamma, beta = (to_np(v) for v in layer.layer_norm.weights)
-                rows = rows * gamma + beta
-            kernel = to_np(layer.qkv_kernel)[:, cfg.n_head * cfg.d_head:]
-            np.testing.assert_allclose(to_np(kv), rows @ kernel, atol=1e-5)
+        hidden, rows, valid = model.backbone.forward_with_cache(segment, store.read(keys))
+        np.testing.assert_allclose(to_np(model.softmax(hidden, segment)), to_np(plain["nll"]), atol=1e-5)
+        store.append(rows, valid)
+        assert int(valid) == int(cache.valid) == int(plain["memory_valid"])
+        n = int(valid)
+        held = model.backbone.memory_rows(plain["mems"])
+        for layer, want in enumerate(held):  # the cache holds exactly the memory it stands for
+            np.testing.assert_allclose(to_np(time_major(store.read().rows(layer, cfg.mem_len)))[:, -n:],
+                                       to_np(want)[:, -n:], atol=1e-5)
 
 
-def test_memory_kv_cache_refuses_absolute_positions_and_wrong_shapes():
-    model = build(TransformerXLConfig(**{**ADAPTIVE, "attn_type": 2}))
-    with pytest.raises(ValueError, match="only with relative positions"):
-        model(tokens(model.config, 2, 5), cache_kv=True)
+def test_a_cache_of_another_model_is_refused():
     model = build(TransformerXLConfig(**ADAPTIVE))
-    out = model(tokens(model.config, 2, 5), cache_kv=True)
-    with pytest.raises(ValueError, match="memory_kv"):
-        model(tokens(model.config, 2, 5), mems=out["mems"], memory_kv=out["memory_kv"][:1])
+    cache = model.init_cache(2)
+    with pytest.raises(ValueError, match="n_layer=2 rings"):
+        model.call_with_cache(tokens(model.config, 2, 5), cache._replace(rings=cache.rings[:1]))
+    with pytest.raises(ValueError, match=r"cache rings of shape \(4, batch_size, capacity >= mem_len=9, 5\)"):
+        model.call_with_cache(tokens(model.config, 2, 5), cache, mem_len=9)
 
 
 def test_k_segments_with_long_memory_equal_full_causal_pass():

@@ -1,6 +1,6 @@
 """The import rules of the package, read from the source (module level and inside
-functions): layers <- models <- {training, serving, conversion} <- command lines, and
-tf_records a data package that knows nothing of the model."""
+functions): kernels <- layers <- models <- {training, serving, conversion} <- command lines,
+and tf_records a data package that knows nothing of the model."""
 
 import ast
 import json
@@ -11,8 +11,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # package (a prefix of module names) -> prefixes it must never import
+_ABOVE_LAYERS = ["txl_keras.models", "txl_keras.training", "txl_keras.export", "txl_keras.generate",
+                 "txl_keras.convert", "txl_keras.run_folder", "tf_records"]
 FORBIDDEN = {
     "tf_records": ["txl_keras"],
+    "txl_keras.kernels": ["txl_keras.layers", "txl_keras.tf_backend"] + _ABOVE_LAYERS,
+    "txl_keras.tf_backend": _ABOVE_LAYERS,
     "txl_keras.layers": ["txl_keras.models", "txl_keras.training", "txl_keras.export", "txl_keras.generate",
                          "txl_keras.convert", "txl_keras.run_folder", "tf_records"],
     "txl_keras.models": ["txl_keras.training", "txl_keras.export", "txl_keras.generate", "txl_keras.convert",

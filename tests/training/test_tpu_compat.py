@@ -62,10 +62,9 @@ def test_train_tpu_steps_compile_with_xla_and_use_no_tpu_rejected_op(tmp_path, n
     assert np.isfinite(float(loss)) and bool(finite)
     assert rejected(train_step.get_concrete_function(inputs, targets)) == []
 
-    settings, tgt_len = trainer.eval_settings()
-    start, replica_eval, _ = trainer.eval_step_fn(settings, tgt_len)
-    start()
-    replica_eval = tf.function(replica_eval, jit_compile=True)
+    evaluation = trainer.evaluation(*trainer.eval_settings())
+    evaluation.start_pass()
+    replica_eval = tf.function(evaluation.replica_eval, jit_compile=True)
     eval_step = tf.function(lambda x, y: strategy.run(replica_eval, args=(x, y)))
     padded = tf.concat([targets[:, :-2], -tf.ones([4, 2], tf.int32)], axis=1)  # a padded last chunk
     nll, count = eval_step(inputs, padded)

@@ -77,13 +77,13 @@ def test_memory_persists_across_host_loop_calls(tmp_path):
 ])
 def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypatch, eval_settings):
     from tf_records import load_corpus
-    from txl_keras.training import trainer as trainer_module
+    from txl_keras.training import evaluation
 
     eval_settings = dict(eval_settings)
-    monkeypatch.setattr(trainer_module, "SCORE_TOKENS", eval_settings.pop("score_tokens", 0))
+    monkeypatch.setattr(evaluation, "SCORE_TOKENS", eval_settings.pop("score_tokens", 0))
     keep_positions = "position_keys_share" in eval_settings
-    monkeypatch.setattr(trainer_module, "POSITION_KEYS_SHARE",
-                        eval_settings.pop("position_keys_share", trainer_module.POSITION_KEYS_SHARE))
+    monkeypatch.setattr(evaluation, "POSITION_KEYS_SHARE",
+                        eval_settings.pop("position_keys_share", evaluation.POSITION_KEYS_SHARE))
     projected = []
     project_positions = TransformerXL.project_positions
     monkeypatch.setattr(TransformerXL, "project_positions",
@@ -93,7 +93,7 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypat
     if tgt != 8:
         build(str(tmp_path), eval_batch=1, tgt_len=tgt, splits=("valid",))
     trainer = make(tmp_path, records, eval_batch_size=1, **eval_settings)
-    group = trainer.segments_per_score(1, tgt)
+    group = trainer.evaluation(*trainer.eval_settings()).group
     assert group == (3 if trainer.config.cutoffs else None)
     trainer.train()
     if "model" in eval_settings:  # layer-norm biases far from zero: a zero memory's keys are not zero
@@ -122,15 +122,15 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypat
 def test_two_replicas_score_held_segments_like_one_device(tmp_path, mirrored, monkeypatch):
     """An adaptive softmax scores several segments per call, each replica its own held
     segments: two replicas (3 segments per call each) give one device's evaluation."""
-    from txl_keras.training import trainer as trainer_module
+    from txl_keras.training import evaluation
 
-    monkeypatch.setattr(trainer_module, "SCORE_TOKENS", 48)
+    monkeypatch.setattr(evaluation, "SCORE_TOKENS", 48)
     records = build(str(tmp_path))
     adaptive = {"cutoffs": [5, 12], "div_val": 2, "d_embed": 16}
     one = make(tmp_path, records, model_dir="one", model=adaptive)
     two = make(tmp_path, records, strategy=mirrored, model_dir="two", model=adaptive)
     two.model.set_weights(one.model.get_weights())
-    assert (one.segments_per_score(4, 8), two.segments_per_score(2, 8)) == (1, 3)
+    assert (one.evaluation(*one.eval_settings()).group, two.evaluation(*two.eval_settings()).group) == (1, 3)
     a, b = one.evaluate(progress=False), two.evaluate(progress=False)
     assert a["tokens"] == b["tokens"] == a["expected_tokens"]
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)

@@ -1,9 +1,10 @@
 """Sampling from a TransformerXLLM on any Keras backend: the prompt goes through the
-memory segment by segment, then each new token costs one step against the memory (no
-recomputation of the context; with relative positions the memory is kept as its keys and
-values and the position keys are projected once per call). The token loop is one
-`keras.ops.while_loop`, compiled per backend (a `tf.function` on TensorFlow, `jax.jit` on
-JAX, eager on PyTorch) once per model and generation settings.
+memory segment by segment, then each new token costs one step against the memory, held
+in an `InferenceCache` (`TransformerXLLM.call_with_cache`: no recomputation of the context;
+with relative positions the memory is kept as its keys and values, and the position keys
+are projected once per call). The token loop is one `keras.ops.while_loop`, compiled per
+backend (a `tf.function` on TensorFlow, `jax.jit` on JAX, eager on PyTorch) once per model
+and generation settings.
 
     python -m txl_keras.generate --model_dir=runs/quickstart --prompt="def main(" \
         --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
@@ -98,66 +99,44 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
     key = (settings.to_json(), sampler_key, max_new_tokens, stop)
     if key not in compiled:
         compiled[key] = _compiled_steps(model, settings, sampler, max_new_tokens, stop)
-    feed, decode, project = compiled[key]
+    feed, decode = compiled[key]
 
-    batch = prompt.shape[0]
-    memory = [ops.zeros((batch, settings.mem_len, config.d_model), model.compute_dtype)] * config.n_layer
-    if model.backbone.can_cache_kv and settings.mem_len > 0:
-        memory = model.backbone.memory_kv(memory)
-    valid = ops.convert_to_tensor(settings.mem_len if config.mem_init == "zeros" else 0, "int32")
     context = prompt[:, :-1]
-    if context.shape[1]:
-        positions = project(settings.mem_len + min(config.tgt_len, context.shape[1]))
+    cache = model.init_cache(prompt.shape[0], settings.mem_len, settings.clamp_len,
+                             segment_length=min(config.tgt_len, max(context.shape[1], 1)))
     for start in range(0, context.shape[1], config.tgt_len):
-        memory, valid = feed(ops.convert_to_tensor(context[:, start:start + config.tgt_len]), memory, valid, positions)
-    new = decode(ops.convert_to_tensor(prompt[:, -1]), memory, valid, project(settings.mem_len + 1),
-                 ops.convert_to_tensor(seed, "int32"))
+        cache = feed(ops.convert_to_tensor(context[:, start:start + config.tgt_len]), cache)
+    if cache.position_keys:  # exactly the keys of a one-token step (a longer projection is sliced, a copy, per token)
+        cache = cache._replace(position_keys=tuple(model.backbone.project_positions(settings.mem_len + 1,
+                                                                                    settings.clamp_len)))
+    new = decode(ops.convert_to_tensor(prompt[:, -1]), cache, ops.convert_to_tensor(seed, "int32"))
     return np.concatenate([prompt, ops.convert_to_numpy(new).astype("int32")], axis=1)
 
 
 def _compiled_steps(model, settings, sampler, max_new_tokens, stop):
-    """`(feed, decode, project)`: `feed(tokens, memory, valid, positions)` advances the
-    memory over a prompt segment; `decode(last, memory, valid, positions, seed)` produces
-    the new tokens, int32 `(batch, max_new_tokens)`; `project(key_length)` gives the
-    position keys of steps with up to that many keys. They hold the model weakly, so that
-    the cache does not keep it alive."""
+    """`(feed, decode)`: `feed(tokens, cache)` advances the cache over a prompt segment;
+    `decode(last, cache, seed)` produces the new tokens, int32 `(batch, max_new_tokens)`.
+    They hold the model weakly, so that the cache of compiled steps does not keep it alive."""
     compile_model, model = model, weakref.proxy(model)
-    overrides = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len,
-                     same_length=settings.same_length, training=False)
-    # With relative positions the memory is kept only as its keys and values (each new token
-    # projects only itself), and with the paper's attention the position keys are projected
-    # once for the prompt and once for the new tokens, not at every step: exactly the keys
-    # a step has (a longer projection would be sliced, a copy, at every token).
-    cache_kv = model.backbone.can_cache_kv and settings.mem_len > 0
-    keep_positions = cache_kv and settings.attn_type == 0
+    memory = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
 
-    def step(tokens, memory, valid, positions):
-        if cache_kv:
-            out = model(tokens, memory_kv=memory, memory_valid=valid, position_keys=positions or None, **overrides)
-            return out, list(out["memory_kv"]), out["memory_valid"]
-        out = model(tokens, mems=memory, memory_valid=valid, **overrides)
-        return out, list(out["mems"]), out["memory_valid"]
+    def feed(tokens, cache):
+        return model.call_with_cache(tokens, cache, **memory)[1]
 
-    def feed(tokens, memory, valid, positions):
-        return step(tokens, memory, valid, positions)[1:]
-
-    def decode(last, memory, valid, positions, seed):
-        def cond(i, last, done, produced, memory, valid):
+    def decode(last, cache, seed):
+        def cond(i, last, done, produced, cache):
             return ops.logical_and(i < max_new_tokens, ops.logical_not(ops.all(done)))
 
-        def body(i, last, done, produced, memory, valid):
-            out, memory, valid = step(last[:, None], memory, valid, positions)
-            token = sampler(model.softmax.log_probs(out["hidden"])[:, 0], ops.stack([seed, i]))
+        def body(i, last, done, produced, cache):
+            out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
+            token = sampler(out["log_probs"][:, 0], ops.stack([seed, i]))
             token = ops.where(done, stop, ops.cast(token, "int32"))
             produced = ops.slice_update(produced, (0, i), token[:, None])
-            return i + 1, token, ops.logical_or(done, ops.equal(token, stop)), produced, memory, valid
+            return i + 1, token, ops.logical_or(done, ops.equal(token, stop)), produced, cache
 
         batch = ops.shape(last)[0]
         start = (ops.convert_to_tensor(0, "int32"), last, ops.zeros((batch,), "bool"),
-                 ops.full((batch, max_new_tokens), stop, "int32"), memory, valid)
+                 ops.full((batch, max_new_tokens), stop, "int32"), cache)
         return ops.while_loop(cond, body, start)[3]
 
-    def project(key_length):
-        return model.backbone.project_positions(key_length, settings.clamp_len) if keep_positions else []
-
-    return compile_for_backend(compile_model, feed), compile_for_backend(compile_model, decode), project
+    return compile_for_backend(compile_model, feed), compile_for_backend(compile_model, decode)

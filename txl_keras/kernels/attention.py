@@ -148,7 +148,7 @@ def position_scores(queries, position_keys, key_length, score_bias=None):
         bias = ops.cast(score_bias, scores.dtype)
         scores = scores + ops.concatenate([front(bias), bias], axis=-1)[:, None, None, :]
     scores = relative_shift(scores)  # the last `width` keys
-    if width == key_length:
+    if not clamped or width == key_length:
         return scores
     # Padded in front and selected: XLA fuses both into the scores' sum.
     far = key_length - width

@@ -15,15 +15,15 @@ def append_rows_reference(ring, offset, rows):
 
     Args:
         ring: `(G, B, capacity, W)`, its oldest row at slot `offset` (an int32 scalar).
-        rows: `(G, B, T, W)`, `T <= capacity`, the newest rows.
+        rows: `(G, B, T, W)`, the newest rows.
 
     Returns:
         `(ring, offset)` after the append; this one writes the rows in time order, so its
         offset is 0.
     """
-    capacity, length = ring.shape[2], rows.shape[2]
-    ordered = ring_rows(ring, offset, capacity)
-    return ops.concatenate([ordered[:, :, length:], ops.cast(rows, ring.dtype)], axis=2), ops.zeros((), "int32")
+    capacity = ring.shape[2]
+    joined = ops.concatenate([ring_rows(ring, offset, capacity), ops.cast(rows, ring.dtype)], axis=2)
+    return joined[:, :, ops.shape(joined)[2] - capacity:], ops.zeros((), "int32")
 
 
 def append_rows(ring, offset, rows, piece):

@@ -84,6 +84,9 @@ class TransformerXL(keras.Model):
     ((2, 8, 16), (2, 8, 16))
     """
 
+    # No SavedModel signature feeding float32 tokens (Keras's TF backend default); see TransformerXLLM.
+    _default_save_signature = None
+
     def __init__(self, config, stateful=False, batch_size=None, **kwargs):
         super().__init__(**kwargs)
         config = as_config(config)
@@ -235,7 +238,7 @@ class TransformerXL(keras.Model):
         new_mems = self.memory(layer_inputs, mems, mem_len=settings.mem_len)
         if memory_valid is None:
             memory_valid = 0 if mems is None else ops.shape(mems[0])[1]
-        valid = self._next_valid(memory_valid, ops.shape(tokens)[1], settings)
+        valid = self.next_valid(memory_valid, ops.shape(tokens)[1], settings)
         if self.stateful:
             self.memory.write(new_mems, valid)
         return {"hidden": self.out_dropout(hidden, training=training), "mems": new_mems, "memory_valid": valid}
@@ -276,8 +279,9 @@ class TransformerXL(keras.Model):
             max_distance = settings.mem_len if settings.same_length_convention == "tf" else settings.mem_len - 1
         return causal_attention_mask(query_length, memory_length, memory_valid, max_distance)
 
-    def _next_valid(self, memory_valid, query_length, settings):
-        """How many memory slots hold real positions after a segment of `query_length`."""
+    def next_valid(self, memory_valid, query_length, settings):
+        """How many memory slots hold real positions after a segment of `query_length`
+        tokens (`settings`: the config with this call's memory settings)."""
         return ops.minimum(settings.mem_len, ops.cast(memory_valid, "int32") + query_length - settings.ext_len)
 
     # -- frozen weights: the memory in an InferenceCache ----------------------------------
@@ -336,7 +340,7 @@ class TransformerXL(keras.Model):
         else:  # absolute positions: the hidden memory in time order, through the plain forward pass
             mems = [time_major(cache.rows(i, settings.mem_len)) for i in range(settings.n_layer)]
             hidden, rows = self._forward(tokens, mems if settings.mem_len else None, cache.valid, settings, False)
-        return hidden, self.segment_rows(rows, settings), self._next_valid(cache.valid, ops.shape(tokens)[1], settings)
+        return hidden, self.segment_rows(rows, settings), self.next_valid(cache.valid, ops.shape(tokens)[1], settings)
 
     def segment_rows(self, rows, settings):
         """The rows of a segment's `rows` that enter the memory (all but the last `ext_len`)."""

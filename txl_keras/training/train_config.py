@@ -59,6 +59,7 @@ class TrainConfig:
     eval_clamp_len: int = _field(None, "Evaluation clamp_len (default clamp_len).")
     eval_same_length: bool = _field(None, "Evaluation same_length (default same_length).")
     max_eval_batch: int = _field(-1, "Evaluate at most this many batches (-1: the whole split).")
+    eval_xla: bool = _field(True, "XLA-compile evaluation's forward pass (always on under TPUStrategy).")
     eval_steps: int = _field(0, "While training, evaluate on eval_split every this many steps and keep the "
                              "best weights by validation loss (0: evaluate only after training).")
 

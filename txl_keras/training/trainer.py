@@ -23,22 +23,14 @@ import tensorflow as tf
 
 from tf_records import distributed_dataset_fn, files, load_record_info, verify_records
 from txl_keras import run_folder
-from txl_keras.layers.key_value_memory import KeyValueMemory
-from txl_keras.layers.memory_cache import MemoryCache, state_variable
+from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.models.flops import model_flops_per_token
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
-from txl_keras.training.block_program import SharedBlockProgram
+from txl_keras.training.evaluation import Evaluation
 from txl_keras.training.optimizer import Adam
 from txl_keras.training.schedule import learning_rate
 
 LN2 = math.log(2.0)
-# Evaluation with an adaptive softmax outside XLA scores the segments of a small batch
-# together, at least this many tokens per call: a tail cluster's logits cost a read of
-# its whole table whatever the token count (wt103's 160,000-word cluster: 262 MB for the
-# ~20 of its tokens a segment of 128 has), so scoring 8 segments at once at batch 1
-# reads each table once instead of 8 times.
-SCORE_TOKENS = 1024
-POSITION_KEYS_SHARE = 1 / 8  # of the memory's keys and values (see _build_eval_step)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -155,7 +147,10 @@ class Trainer:
                 model_config, tail_mode="dense" if self.compiled else "auto",
                 dtype=train_config.precision, name="transformer_xl_lm",
             )
-            self.memory = self._memory(model_config.mem_len, self.per_replica)
+            # Each replica's training memory, carried across steps and saved in checkpoints.
+            self.memory = MemoryCache(model_config.mem_len, model_config.n_layer, model_config.d_model,
+                                      ext_len=model_config.ext_len, stateful=True, batch_size=self.per_replica,
+                                      zero_init=model_config.mem_init == "zeros", dtype=train_config.precision)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
             self.loss_scale = tf.Variable(2.0**15 if self.scales_loss else 1.0,
                                           trainable=False, name="loss_scale")
@@ -166,7 +161,7 @@ class Trainer:
         self._train_fn = None
         self._iterator = None  # [step it is positioned at, distributed iterator]
         self._started = False
-        self._eval_fns = {}  # evaluation settings -> compiled steps and their memories
+        self._evaluations = {}  # (evaluation settings, tgt_len) -> Evaluation
         self._writers = {}  # TensorBoard run name -> summary writer (chief only)
         self.last_eval = None  # (step, results) of the latest evaluation
         self.damaged = set()  # checkpoints found damaged when resuming
@@ -198,13 +193,6 @@ class Trainer:
             for name, value in (texts or {}).items():
                 _summary(name, value, plugin="text")
         self._writers[run].flush()
-
-    def _memory(self, mem_len, batch, width=None):
-        return MemoryCache(
-            mem_len, self.config.n_layer, width or self.config.d_model, ext_len=self.config.ext_len,
-            stateful=True, batch_size=batch, zero_init=self.config.mem_init == "zeros",
-            dtype=self.tc.precision,
-        )
 
     # -- training ------------------------------------------------------------------------
 
@@ -456,203 +444,20 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------------
 
-    @property
-    def eval_uses_xla(self):
-        """Evaluation's backbone is XLA-compiled (it fuses the score-sized elementwise
-        work of long-memory attention: 2.5x on CPU for wt103_base at mem_len 1,600), in
-        groups of blocks unless every step is compiled, and the softmax too when its shapes
-        are static (no cutoffs, or a compiled run); an adaptive softmax's tails otherwise
-        stay dynamic, outside XLA."""
-        return True
-
-    @property
-    def eval_softmax_in_xla(self):
-        return self.compiled or not self.config.cutoffs
-
-    def segments_per_score(self, batch, tgt_len):
-        """Segments whose NLL evaluation computes together (`SCORE_TOKENS`), after their
-        backbone, when an adaptive softmax runs outside XLA (its tables are then read once
-        per call); else None: each segment is scored in its own step."""
-        if not self.config.cutoffs or self.eval_softmax_in_xla:
-            return None
-        return max(1, SCORE_TOKENS // (batch * tgt_len))
-
     def eval_settings(self):
         """The model config with the evaluation memory settings, and the eval tgt_len."""
         tc = self.tc
         settings = self.config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
         return settings, tc.eval_tgt_len or self.config.tgt_len
 
-    def eval_step_fn(self, settings, tgt_len):
-        """`(start, replica_eval, eval_step)` for these evaluation settings and segment
-        length, built once: `start()` (cross-replica) empties each replica's memory;
-        `replica_eval(inputs, targets) -> (nll sum, scored tokens)` summed over replicas
-        (float32, int32) scores a segment and advances the memory; `eval_step(inputs,
-        targets, index, last)` advances every replica's memory by segment `index` of the
-        pass and returns the sums of the segments scored in this call: where
-        `segments_per_score` is None this one, else the segment is held in slot `index %
-        group` and the held slots are scored together when it fills the last slot or is
-        the pass's `last`."""
+    def evaluation(self, settings, tgt_len):
+        """The `Evaluation` of these memory settings and segment length, built once."""
         key = (settings.to_json(), tgt_len)
-        if key not in self._eval_fns:
-            self._eval_fns[key] = self._build_eval_step(settings, tgt_len)
-        return self._eval_fns[key]
-
-    def _build_eval_step(self, settings, tgt_len):
-        batch = self.tc.eval_batch_size // self.cores
-        model = self.model
-        overrides = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
-        # With relative positions the memory is held as its keys and values, not its hidden
-        # states (the weights do not change): each segment projects only its own rows, ~1.5x
-        # fewer FLOPs at mem_len 5 tgt_len, and writes them in place (KeyValueMemory).
-        cache_kv = model.backbone.can_cache_kv and settings.mem_len > 0
-        inner = settings.n_head * settings.d_head
-        with self.strategy.scope():
-            if cache_kv:
-                memory = KeyValueMemory(settings.mem_len, settings.n_layer, 2 * inner, batch,
-                                        tgt_len - settings.ext_len, num_heads=settings.n_head,
-                                        dtype=self.tc.precision)
-            else:
-                memory = self._memory(settings.mem_len, batch)
-            # The paper's position keys are projected once per pass too, where they take at
-            # most POSITION_KEYS_SHARE of the memory's keys and values: wt103's at batch 8
-            # (26 MB against 672; 1.5% of a segment's time, 4.7% of char-small's at batch 16),
-            # not at batch 1 (26 MB against 84; there they save 10% of the time, and the
-            # evaluation's peak is ~25 MB lower without them).
-            position_rows = model.backbone.position_key_length(settings.mem_len + tgt_len, settings.clamp_len)
-            keep_positions = cache_kv and settings.attn_type == 0 and \
-                position_rows <= POSITION_KEYS_SHARE * 2 * batch * memory.capacity
-            positions = [state_variable("zeros", (settings.n_head, settings.d_head, position_rows), model.compute_dtype,
-                                        f"position_keys_{i}") for i in range(settings.n_layer)] \
-                if keep_positions else None
-        jit = self.eval_uses_xla
-        # Unless every step is compiled (TPUs, --xla), the blocks run as one compiled program
-        # that each group of blocks (2 for wt103) calls with its weights (SharedBlockProgram).
-        program = SharedBlockProgram(model.backbone) if jit and not self.compiled else None
-
-        def backbone(inputs):
-            if cache_kv:  # each layer reads its ring inside its own program
-                rings, offset, valid = memory.read_rings()
-                keys = [p.value for p in positions] if keep_positions else None
-                out = model.backbone(inputs, memory_kv=rings, memory_kv_offset=offset, memory_valid=valid,
-                                     position_keys=keys, block_program=program, training=False, **overrides)
-                return out["hidden"], out["segment_kv"], out["memory_valid"]
-            mems, valid = memory.read()
-            out = model.backbone(inputs, mems=mems, memory_valid=valid, block_program=program, training=False,
-                                 **overrides)
-            return out["hidden"], out["mems"], out["memory_valid"]
-
-        def scored_backbone(inputs, targets):
-            hidden, new_memory, new_valid = backbone(inputs)
-            return model.softmax(hidden, targets, training=False), new_memory, new_valid
-
-        # A compiled step (its softmax has static shapes) is one program, backbone and softmax;
-        # otherwise the blocks' program is compiled, and a static softmax by itself (an
-        # adaptive softmax's dynamic tails stay outside XLA). The memory is written by its
-        # own compiled function, where XLA updates the variables in place.
-        if jit and program is None:
-            forward = tf.function(scored_backbone, jit_compile=True)
-        else:
-            softmax = tf.function(model.softmax, jit_compile=True) if jit and self.eval_softmax_in_xla \
-                else model.softmax
-
-            def forward(inputs, targets):
-                hidden, new_memory, new_valid = backbone(inputs)
-                return softmax(hidden, targets, training=False), new_memory, new_valid
-        store = memory.append if cache_kv else memory.write
-        store = tf.function(store, jit_compile=True) if jit else store
-
-        def reset(valid):
-            # An empty memory (zeros that count with mem_init "zeros") and its keys and values:
-            # every zero row has the same ones, projected once and broadcast.
-            zero_init = settings.mem_init == "zeros"
-            if cache_kv:
-                kvs = None
-                if zero_init:
-                    zero = tf.zeros((batch, 1, settings.d_model), self.model.compute_dtype)
-                    kvs = model.backbone.memory_kv([zero] * settings.n_layer)  # one row for every slot
-                memory.reset(kvs, valid)
-            else:
-                memory.reset()
-
-        def assign_positions():
-            keys = model.backbone.project_positions(settings.mem_len + tgt_len, settings.clamp_len)
-            for variable, value in zip(positions, keys):
-                variable.assign(value)
-
-        # Where every step is compiled the reset is one XLA program (the rings written in
-        # place) and the position keys another (inside the reset's, XLA:CPU's compiler and
-        # runtime kept more heap: wt103 at batch 8, the evaluation's peak RSS 2,511-2,520 MB
-        # against 2,488-2,490). Else they run op by op, one ring's rows at a time: as an XLA
-        # program the reset cost ~15 MB of the compiler's heap at wt103's batch 1, and as a
-        # graph TensorFlow built every ring's rows at once (at batch 8 up to 16 x 42 MB).
-        compiled_reset = tf.function(reset, jit_compile=True) if self.compiled else reset
-        positions_fn = tf.function(assign_positions, jit_compile=True) if self.compiled else assign_positions
-
-        def start():
-            # An argument made in the replica's context places the call on its device.
-            compiled_reset(tf.constant(settings.mem_len if settings.mem_init == "zeros" else 0, tf.int32))
-            if keep_positions:
-                positions_fn()
-
-        def summed(nll, mask):
-            # float32 sums per batch, int32 counts (TPUs have no float64); the host adds
-            # the batches up in Python floats.
-            context = tf.distribute.get_replica_context()
-            return (context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.where(mask, nll, 0.0))),
-                    context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(mask, tf.int32))))
-
-        def replica_eval(inputs, targets):
-            nll, new_memory, new_valid = forward(inputs, tf.maximum(targets, 0))
-            store(new_memory, new_valid)
-            return summed(nll, targets >= 0)
-
-        group = self.segments_per_score(batch, tgt_len)
-        if group:
-            with self.strategy.scope():
-                held_hidden = state_variable("zeros", (group, batch, tgt_len, settings.d_model),
-                                             model.compute_dtype, "held_hidden")
-                held_targets = state_variable("zeros", (group, batch, tgt_len), "int32", "held_targets")
-
-            def score_held(last):
-                """The NLL of the held slots `0..last`, `(group * batch, tgt_len)`, and its mask."""
-                targets = tf.reshape(held_targets.value, (group * batch, tgt_len))
-                hidden = tf.reshape(held_hidden.value, (group * batch, tgt_len, settings.d_model))
-                nll = model.softmax(hidden, tf.maximum(targets, 0), training=False)
-                slots = tf.repeat(tf.range(group), batch)[:, None]
-                return nll, tf.logical_and(targets >= 0, slots <= last)
-
-            def replica_hold(inputs, targets, slot):
-                hidden, new_memory, new_valid = backbone(inputs)
-                store(new_memory, new_valid)
-                held_hidden.assign(tf.tensor_scatter_nd_update(held_hidden.value, [[slot]], hidden[None]))
-                held_targets.assign(tf.tensor_scatter_nd_update(held_targets.value, [[slot]], targets[None]))
-
-            # Holding and scoring are two functions: as one (a tf.cond in the step), the
-            # scoring took ~5x the memory of the same softmax called by itself (wt103 at
-            # 1,024 tokens: ~160 MB against ~30 MB).
-            hold_step = tf.function(lambda inputs, targets, slot: self.strategy.run(
-                replica_hold, args=(inputs, targets, slot)))
-            score_step = tf.function(lambda last: self.strategy.run(lambda: summed(*score_held(last))))
-
-        @tf.function
-        def one_step(inputs, targets):
-            return self.strategy.run(replica_eval, args=(inputs, targets))
-
-        def eval_step(inputs, targets, index, last):
-            if not group:
-                nll, count = one_step(inputs, targets)
-            else:
-                slot = index % group
-                hold_step(inputs, targets, tf.constant(slot))
-                if slot < group - 1 and not last:
-                    return 0.0, 0
-                nll, count = score_step(tf.constant(slot))
-            return self._local(nll)[0], self._local(count)[0]
-
-        start_pass = tf.function(lambda: self.strategy.run(start)) if self.compiled \
-            else (lambda: self.strategy.run(start))
-        return start_pass, replica_eval, eval_step
+        if key not in self._evaluations:
+            self._evaluations[key] = Evaluation(self.model, self.strategy, settings, tgt_len,
+                                                self.tc.eval_batch_size // self.cores, self.compiled,
+                                                xla=self.tc.eval_xla or self.compiled)
+        return self._evaluations[key]
 
     def evaluate(self, split=None, progress=True, summaries=True):
         """Score every target of a split exactly once with the evaluation settings.
@@ -665,8 +470,8 @@ class Trainer:
         split = split or tc.eval_split
         settings, tgt_len = self.eval_settings()
         info = load_record_info(tc.records_dir, split, tc.eval_batch_size, tgt_len, self.num_hosts)
-        start, _, eval_step = self.eval_step_fn(settings, tgt_len)
-        start()
+        evaluation = self.evaluation(settings, tgt_len)
+        evaluation.start_pass()
 
         fn = distributed_dataset_fn(info, self.cores, repeat=False, vocab_size=settings.n_token)
         dataset = self.strategy.distribute_datasets_from_function(fn)
@@ -677,7 +482,7 @@ class Trainer:
             for i, (inputs, targets) in enumerate(dataset):
                 if i >= batches:
                     break
-                nll, n = eval_step(inputs, targets, i, i + 1 == batches)
+                nll, n = evaluation.step(inputs, targets, i, i + 1 == batches)
                 total, count = total + float(nll), count + int(n)
                 if count:  # (a held segment is scored with its group)
                     report(i + 1, total / count)
