@@ -5,11 +5,11 @@ and the paper's evaluation-speed experiment at small scale.
 
 1. Long-memory evaluation (tgt_len 64, mem_len 320, clamp_len 400, same_length), char-small
    model, batch 16: tokens/s of both, side by side, alternating, fresh processes. Ours as
-   the trainers' evaluation runs by default: XLA-compiled, the memory held as its keys and
-   values (ring buffers written in place) instead of re-projected; `--ablations` adds runs
-   without XLA and without the keys and values (TXL_BENCH_XLA=0, TXL_BENCH_KV=0). Peak
-   memory is also given above the RSS right after importing the framework (TensorFlow's
-   import is ~400 MB larger than torch's).
+   the trainers' evaluation runs it: XLA-compiled, the memory held as its keys and values
+   (ring buffers written in place) instead of re-projected; `--ablations` adds a run
+   without XLA (`TrainConfig.eval_xla=False`). `--baseline=DIR` adds the txl_keras checkout
+   in DIR (another commit) as a side. Peak memory is also given above the RSS right after
+   importing the framework (TensorFlow's import is larger than torch's).
    `--model=wt103_base` instead: the paper's wt103 evaluation (tgt_len 128, mem_len 1,600,
    clamp_len 1,000, same_length, zero-filled memory as the converted weights have) of the
    `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) on
@@ -64,20 +64,16 @@ def txl_eval_worker(c, e):
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     from tf_records.records import write_split
-    from txl_keras.models.transformer_xl import TransformerXL
     from txl_keras.training import TrainConfig, Trainer
 
     imported_mb = current_rss_mb()
-    if os.environ.get("TXL_BENCH_KV", "1") == "0":  # ablation: re-project the memory every segment
-        TransformerXL.can_cache_kv = property(lambda self: False)
-    if os.environ.get("TXL_BENCH_XLA", "1") == "0":  # ablation: evaluation without XLA
-        Trainer.eval_uses_xla = property(lambda self: False)
     records = tempfile.mkdtemp()
     ids = random_ids(e["batch"] * e["tgt_len"] * e["segments"] + 1, c["n_token"], zipf=e.get("zipf", False))
     write_split(ids, records, "valid", e["batch"], e["tgt_len"], vocab_size=c["n_token"], log=lambda *_: None)
     tc = TrainConfig(model_dir=tempfile.mkdtemp(), records_dir=records, train_batch_size=e["batch"],
                      eval_batch_size=e["batch"], eval_tgt_len=e["tgt_len"], eval_mem_len=e["mem_len"],
-                     eval_clamp_len=e["clamp_len"], eval_same_length=e["same_length"])
+                     eval_clamp_len=e["clamp_len"], eval_same_length=e["same_length"],
+                     eval_xla=os.environ.get("TXL_BENCH_XLA", "1") != "0")
     trainer = Trainer(tf.distribute.get_strategy(), model_config(c, dropout=0.0), tc, log=lambda *_: None)
     trainer.evaluate(progress=False, summaries=False)  # compiles
     rates = []
@@ -120,18 +116,15 @@ def speedup_worker(c, length, batch=16):
     tf, model = txl_model(c)
     segment = c["tgt_len"]
     ids = random_ids(batch * (length + segment * 4 + 1), c["n_token"]).reshape(batch, -1)
-    xl = tf.function(lambda x, mems, kvs, valid: model(x, mems=mems, memory_kv=kvs, memory_valid=valid,
-                                                       mem_len=length, same_length=True, return_log_probs=True))
-    mems = [tf.zeros((batch, length, c["d_model"]))] * c["n_layer"]
-    kvs = model.backbone.memory_kv(mems)
-    valid = tf.constant(length)
+    xl = tf.function(lambda x, cache: model.call_with_cache(x, cache, mem_len=length, same_length=True,
+                                                            return_log_probs=True))
+    cache = model.init_cache(batch, mem_len=length, segment_length=segment)
     times = []
     for i in range(4):
         start = time.perf_counter()
-        out = xl(ids[:, i * segment:(i + 1) * segment], mems, kvs, valid)
+        out, cache = xl(ids[:, i * segment:(i + 1) * segment], cache)
         out["log_probs"].numpy()
         times.append(time.perf_counter() - start)
-        mems, kvs, valid = out["mems"], out["memory_kv"], out["memory_valid"]
     xl_per_token = sum(times[1:]) / (3 * segment * batch)
     vanilla = tf.function(lambda x: model(x, mem_len=0, return_log_probs=True)["log_probs"][:, -1])
     times = []
@@ -150,7 +143,8 @@ def main():
     parser.add_argument("--hf_python", default=None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lengths", default="128,320,640")
-    parser.add_argument("--ablations", action="store_true", help="also run ours without XLA / without the kv cache")
+    parser.add_argument("--ablations", action="store_true", help="also run ours without XLA")
+    parser.add_argument("--baseline", default=None, help="a txl_keras checkout (another commit) run as a side")
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
     parser.add_argument("--model", choices=["char_small", *PAPER_EVALS], default="char_small")
     parser.add_argument("--batch", type=int, default=None,
@@ -177,8 +171,11 @@ def main():
     if args.impl == "speedup":
         return emit(speedup_worker(c, args.length))
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
-    ablations = {"txl_keras no kv cache": {"TXL_BENCH_KV": "0"}, "txl_keras no XLA": {"TXL_BENCH_XLA": "0"}}
+    ablations = {"txl_keras no XLA": {"TXL_BENCH_XLA": "0"}}
     workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg))]
+    if args.baseline:
+        script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
+        workers.append(("baseline", lambda: run_worker(sys.executable, script, ["--impl", "txl_keras"] + config_arg)))
     if args.hf_python:
         workers.append(("hf", lambda: run_worker(args.hf_python, __file__, ["--impl", "hf"] + config_arg)))
     for name, env in ablations.items() if args.ablations else ():

@@ -16,7 +16,9 @@ side: ours Keras's mixed_bfloat16 policy, the two PyTorch models their forward p
 `torch.autocast("cpu", torch.bfloat16)`, PyTorch's mixed precision on CPUs; their adaptive
 embeddings copy bf16 rows into a float32 buffer with `index_copy_`, which torch rejects, so
 in that mode `index_copy_` casts its source to the buffer's dtype, as the rows would be in
-float32; `--torch_precision=float32` keeps them in float32). Token ids are Zipf-like
+float32; `--torch_precision=float32` keeps them in float32). `--baseline=DIR` adds the
+txl_keras checkout in DIR (another commit) as a side, so that a change is measured against
+the code before it in one run. Token ids are Zipf-like
 (p(id) ~ 1 / (id + 1)) for adaptive configs, as in real text (`--ids=uniform` puts nearly
 every token in a tail cluster, which no corpus does). `--profile` also times the adaptive
 embedding and softmax alone (forward + backward on the same batch) and prints their share
@@ -243,6 +245,7 @@ def main():
     parser.add_argument("--original_pytorch", default=None,
                         help="pytorch/ folder of kimiyoung/transformer-xl (run with --hf_python)")
     parser.add_argument("--hf_python", default=None, help="python with torch 2.13.0 + transformers 4.35.2")
+    parser.add_argument("--baseline", default=None, help="a txl_keras checkout (another commit) run as a side")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
@@ -270,6 +273,9 @@ def main():
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
         + (["--profile"] if args.profile else [])
     workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ours_args))]
+    if args.baseline:
+        script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
+        workers.append(("baseline", lambda: run_worker(sys.executable, script, ours_args)))
     if args.hf_python:
         workers.append(("hf", lambda: run_worker(args.hf_python, __file__, common + theirs + ["--impl", "hf"])))
     if args.hf_python and args.original_pytorch:
@@ -293,7 +299,7 @@ def main():
         print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} (best {best:,.0f}), "
               f"MFU {best * flops / 1e9 / ceiling:.1%}, peak RSS {peak:,.0f} MB "
               f"(framework after import {framework:,.0f} MB, above it {peak - framework:,.0f} MB)")
-    for impl in ("hf", "original"):
+    for impl in ("baseline", "hf", "original"):
         if impl in rates:
             print(ratio_line(impl, rates["txl_keras"], rates[impl]))
     profiles = [r for r in results["txl_keras"] if "adaptive_s" in r]

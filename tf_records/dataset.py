@@ -63,6 +63,22 @@ def _parse(serialized):
     return tf.reshape(block, tf.cast(features["shape"], tf.int32))
 
 
+def _check_layout(info, host_id, num_core_per_host, vocab_size):
+    batch = info["per_host_batch"]
+    if num_core_per_host <= 0 or batch % num_core_per_host:
+        raise ValueError(
+            f"The records hold {batch} streams per host, which {num_core_per_host} replicas per "
+            "host cannot share equally. " + _rebuild_hint(info["split"], batch, info["tgt_len"], info["num_hosts"])
+        )
+    if not 0 <= host_id < info["num_hosts"]:
+        raise ValueError(f"host_id={host_id} is outside the {info['num_hosts']} hosts the records were built for.")
+    if vocab_size is not None and info.get("vocab_size") not in (None, vocab_size):
+        raise ValueError(
+            f"The records were built with a vocabulary of {info['vocab_size']} tokens but the model "
+            f"has n_token={vocab_size}; build the model from the corpus info of these records."
+        )
+
+
 def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size=None, skip=0):
     """Per-replica batches of one host, in the order tf.distribute hands them out.
 
@@ -82,19 +98,8 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
         skip: chunks already consumed (a resumed run's step), skipped so the run
             continues exactly where it stopped.
     """
+    _check_layout(info, host_id, num_core_per_host, vocab_size)
     batch = info["per_host_batch"]
-    if num_core_per_host <= 0 or batch % num_core_per_host:
-        raise ValueError(
-            f"The records hold {batch} streams per host, which {num_core_per_host} replicas per "
-            "host cannot share equally. " + _rebuild_hint(info["split"], batch, info["tgt_len"], info["num_hosts"])
-        )
-    if not 0 <= host_id < info["num_hosts"]:
-        raise ValueError(f"host_id={host_id} is outside the {info['num_hosts']} hosts the records were built for.")
-    if vocab_size is not None and info.get("vocab_size") not in (None, vocab_size):
-        raise ValueError(
-            f"The records were built with a vocabulary of {info['vocab_size']} tokens but the model "
-            f"has n_token={vocab_size}; build the model from the corpus info of these records."
-        )
     entry = next(f for f in info["files"] if f["host"] == host_id)
     path = files.join(info["records_dir"], entry["name"])
     per_replica = batch // num_core_per_host

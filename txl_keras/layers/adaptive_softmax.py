@@ -56,7 +56,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         hidden: `(batch_size, T, hidden_dim)`.
         targets: int `(batch_size, T)`, ids in `[0, vocabulary_size)`.
         training: with `False` (no gradients wanted), the NLL is taken over the
-            vocabulary in pieces of at most 4 MB of logits instead of whole clusters.
+            vocabulary in pieces (`kernels.nll.streamed_nll`) instead of whole clusters.
 
     Returns:
         float32 `(batch_size, T)`, the negative log-likelihood of each target.
@@ -285,7 +285,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         flat = ops.reshape(hidden, (-1, self.hidden_dim))
         if self._one_table():
             # All logits by one product with the whole table, then split: no slices of the
-            # table (XLA copies them; 439 MB per call for wt103's).
+            # table (XLA copies them).
             table, _, proj = self.cluster_weights(0)
             x = self._project(flat, proj)
             logits = ops.cast(self._times_table(x, table), "float32")

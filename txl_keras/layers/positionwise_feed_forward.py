@@ -86,7 +86,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         # The rows as one (batch_size * T, hidden_dim) matrix: Dense then multiplies 2-D
         # operands, and TensorFlow's graph optimizer fuses its product, bias and ReLU into
         # one oneDNN kernel (on 3-D inputs a reshape between the product and the bias kept
-        # them apart: two more passes over the inner activations; 0.6-1.2% of a word-level step).
+        # them apart: two more passes over the inner activations).
         shape = ops.shape(x)
         x = ops.reshape(x, (-1, shape[-1]))
         x = self.inner_dropout(self.layer_1(x), training=training)

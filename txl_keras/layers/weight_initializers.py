@@ -56,8 +56,7 @@ def weight_initializer(initializer):
     random op's scale and shift each make a new full-size buffer when run eagerly, so
     drawing wt103's (267,735, 410) table at once briefly takes three times its size.
     With a backend's whole draw (`set_whole_draw`; TensorFlow's: one graph whose scale
-    and shift write over the random values in place) it takes its size once, 0.44 GB
-    above the import, where row blocks took 0.84 GB and one eager draw 1.26 GB.
+    and shift write over the random values in place) it takes its size once.
     Otherwise it is drawn `BLOCK_VALUES` at a time along the first axis, each block with
     its own seed, then concatenated: twice its size."""
     initializer = copy_initializer(initializer)

@@ -55,7 +55,8 @@ class Evaluation:
         with strategy.scope():
             self.cache = CacheStore(settings.mem_len, settings.n_layer, groups, width, batch, tgt_len - settings.ext_len,
                                     dtype=model.dtype_policy)
-            keep = settings.attn_type == 0 and rows <= POSITION_KEYS_SHARE * groups * batch * self.cache.capacity
+            # (a memory row has 2 * n_head * d_head keys and values, a position n_head * d_head keys)
+            keep = settings.attn_type == 0 and rows <= POSITION_KEYS_SHARE * 2 * batch * self.cache.capacity
             self.position_keys = [state_variable("zeros", (settings.n_head, settings.d_head, rows),
                                                  model.compute_dtype, f"position_keys_{i}")
                                   for i in range(settings.n_layer)] if keep else []

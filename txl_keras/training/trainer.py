@@ -47,10 +47,8 @@ def concurrent_parts(train_config, per_replica, compiled):
 
     The parts' forward and backward passes are independent branches of the step's graph,
     which TensorFlow's executor runs on its inter-op threads at once: on a CPU, one part's
-    small and memory-bound operations fill the cores while the other's wait (two parts:
-    0.91-0.94 of the time per step of word- and character-level training on 2 cores,
-    float32 and mixed_bfloat16; with one inter-op thread 1.02). Under XLA, and on GPUs,
-    one part per chunk. `train_config.concurrent_parts` 0 chooses: 2 on CPUs when the
+    small and memory-bound operations fill the cores while the other's wait. Under XLA,
+    and on GPUs, one part per chunk. `train_config.concurrent_parts` 0 chooses: 2 on CPUs when the
     steps are not compiled, TensorFlow has more than one inter-op thread and each chunk's
     rows divide in two, else 1."""
     chunks = train_config.batch_chunk
