@@ -10,6 +10,7 @@ call, compiled steps reused between calls); the port runs its model token by tok
 its `mems`, as its `generate` does. Per-token time is the difference between producing
 `--long` and `--short` new tokens divided by their difference (prompt and compilation
 cancel out), the best of two calls each; ours also prints the fixed cost of a call.
+`--baseline=DIR` adds the txl_keras checkout in DIR (another commit) as a side.
 """
 
 import argparse
@@ -82,6 +83,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", choices=["txl_keras", "hf"], help="run one worker (internal)")
     parser.add_argument("--hf_python", default=None)
+    parser.add_argument("--baseline", default=None, help="a txl_keras checkout (another commit) run as a side")
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
@@ -99,12 +101,17 @@ def main():
     print(f"greedy generation, wt103_base, batch 1, {e}")
     forwarded = ["--config_json", json.dumps(c), f"--short={args.short}", f"--long={args.long}"]
     results = {"txl_keras": run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + forwarded)}
+    if args.baseline:
+        script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
+        results["baseline"] = run_worker(sys.executable, script, ["--impl", "txl_keras"] + forwarded)
     if args.hf_python:
         results["hf"] = run_worker(args.hf_python, __file__, ["--impl", "hf"] + forwarded)
     for impl, r in results.items():
         print(f"{impl:>10}: {r['s_per_token'] * 1e3:.1f} ms per new token, {r['fixed_s']:.2f} s fixed per call")
-    if "hf" in results:
-        print(f"ratio txl_keras / hf (tokens/s): {results['hf']['s_per_token'] / results['txl_keras']['s_per_token']:.2f}x")
+    for impl in ("baseline", "hf"):
+        if impl in results:
+            ratio = results[impl]["s_per_token"] / results["txl_keras"]["s_per_token"]
+            print(f"ratio txl_keras / {impl} (tokens/s): {ratio:.2f}x")
 
 
 if __name__ == "__main__":

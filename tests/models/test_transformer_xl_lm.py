@@ -114,8 +114,7 @@ def test_the_cached_call_equals_the_plain_call_segment_by_segment(overrides):
     x = tokens(cfg, 2, 20)
     plain = None
     cache = model.init_cache(2)
-    groups, width = (2 * cfg.n_head, cfg.d_head) if model.backbone.can_cache_kv else (1, cfg.d_model)
-    store = CacheStore(cfg.mem_len, cfg.n_layer, groups, width, 2, 5 - cfg.ext_len)
+    store = CacheStore(cfg.mem_len, cfg.n_layer, *model.backbone.cache_layout, 2, 5 - cfg.ext_len)
     if cfg.mem_init == "zeros":
         zeros = [np.zeros((2, cfg.mem_len, cfg.d_model), "float32")] * cfg.n_layer
         store.reset(model.backbone.memory_rows(zeros), cfg.mem_len)

@@ -293,6 +293,13 @@ class TransformerXL(keras.Model):
         its hidden states."""
         return self.config.attn_type in (0, 1)
 
+    @property
+    def cache_layout(self):
+        """`(G, W)` of the cache's rings `(G, batch_size, capacity, W)`: `(2 * n_head,
+        d_head)` keys then values, or `(1, d_model)` hidden states."""
+        c = self.config
+        return (2 * c.n_head, c.d_head) if self.can_cache_kv else (1, c.d_model)
+
     def memory_rows(self, mems):
         """What an `InferenceCache` holds of memories `(batch_size, L, d_model)` (one per
         layer): their keys and values `(batch_size, L, 2 * n_head * d_head)`, keys first,
@@ -308,7 +315,7 @@ class TransformerXL(keras.Model):
         projected once."""
         settings = self.config.with_memory(mem_len, clamp_len)
         zero_init = settings.mem_init == "zeros"
-        groups = 2 * settings.n_head if self.can_cache_kv else 1
+        groups = self.cache_layout[0]
         zero = ops.zeros((batch_size, 1, settings.d_model), self.compute_dtype)
         rings = []
         for row in self.memory_rows([zero] * settings.n_layer):  # a zero row's keys and values, for every slot
@@ -375,7 +382,7 @@ class TransformerXL(keras.Model):
 
     def _check_cache(self, cache, settings):
         c = self.config
-        groups, width = (2 * c.n_head, c.d_head) if self.can_cache_kv else (1, c.d_model)
+        groups, width = self.cache_layout
         if not isinstance(cache, InferenceCache) or len(cache.rings) != c.n_layer:
             raise ValueError(f"Expected an InferenceCache of n_layer={c.n_layer} rings (init_cache()). "
                              f"Received: {type(cache).__name__}")

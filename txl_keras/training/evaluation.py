@@ -48,7 +48,7 @@ class Evaluation:
         self.model, self.strategy, self.settings = model, strategy, settings
         self.tgt_len, self.batch, self.compiled, self.xla = tgt_len, batch, compiled, xla
         backbone = model.backbone
-        groups, width = (2 * settings.n_head, settings.d_head) if backbone.can_cache_kv else (1, settings.d_model)
+        groups, width = backbone.cache_layout
         # The position keys of every segment, projected once per pass where they are small
         # beside the memory's keys and values.
         rows = distinct_distances(settings.mem_len + tgt_len, settings.clamp_len) if settings.attn_type == 0 else 0
