@@ -62,14 +62,14 @@ def _verify(dataset, path, source):
                     if size != EXPECTED_SIZE[dataset]:
                         raise ValueError(f"{dataset} has {size} bytes, expected {EXPECTED_SIZE[dataset]}")
         except (zipfile.BadZipFile, KeyError, ValueError) as e:
-            files.remove(source)
+            files.remove_file(source)
             raise ValueError(f"The download {source} failed verification ({e}); it was removed, try again.") from None
     elif path.endswith((".tgz", ".tar.gz")):
         try:
             with tarfile.open(path) as archive:
                 archive.getmembers()
         except tarfile.TarError as e:
-            files.remove(source)
+            files.remove_file(source)
             raise ValueError(f"The download {source} failed verification ({e}); it was removed, try again.") from None
 
 

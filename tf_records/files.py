@@ -10,11 +10,14 @@ info of a split, the checkpoint index of a run) names it, and that marker is wri
 """
 
 import contextlib
+import json
 import os
 import posixpath
 import re
 import shutil
+import socket
 import tempfile
+import time
 import uuid
 
 import tensorflow as tf
@@ -25,6 +28,16 @@ _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 class StorageError(OSError):
     """A path that cannot be read or written; the message names it and what to check."""
+
+
+class InUseError(StorageError):
+    """A folder that another process is writing (its lock is held)."""
+
+
+# The names of the temporary files and folders this module makes beside their destination:
+# `<name>.<8 random characters>.partial`, with an optional suffix kept after it.
+TEMPORARY = re.compile(r"^(?P<name>.+)\.[a-z0-9_]{8}\.partial(?P<suffix>(\.[A-Za-z0-9]+)*)$")
+LOCK = "txl_keras.lock"
 
 
 def scheme(path):
@@ -138,12 +151,53 @@ def makedirs(path):
         gfile.makedirs(path)
 
 
-def remove(path):
+def remove_file(path):
+    """Delete a file (nothing if it is absent); a folder is refused, never deleted."""
     with reporting(path):
         if gfile.isdir(path):
-            gfile.rmtree(path)
-        elif gfile.exists(path):
+            raise StorageError(f"Refusing to delete {path}: it is a folder, where a file was expected.")
+        if gfile.exists(path):
             gfile.remove(path)
+
+
+def remove_folder(path, names, pattern=None):
+    """Delete the files `names` (and those matching `pattern`) of a folder this program
+    wrote, then the folder if nothing else is left in it. Returns whether it is gone; a
+    folder holding anything else is left as it is (with what was ours removed)."""
+    for name in listdir(path):
+        if name in names or (pattern is not None and pattern.match(name)):
+            remove_file(join(path, name))
+    if listdir(path):
+        return False
+    with reporting(path):
+        if is_local(path):
+            os.rmdir(path)
+        elif gfile.exists(path):
+            gfile.rmtree(path)  # an empty prefix on an object store
+    return True
+
+
+def free_bytes(path):
+    """Free bytes on the local filesystem of `path` (its nearest existing folder), or None
+    where it cannot be told (object stores)."""
+    if not is_local(path):
+        return None
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def check_free_space(path, needed, what):
+    """A StorageError naming `path` when its filesystem has less than `needed` bytes free
+    (nothing is written; a full disk must not interrupt `what` halfway)."""
+    free = free_bytes(path)
+    if free is not None and free < needed:
+        raise StorageError(f"Not enough free space for {what} at {path}: it needs about {needed / 1e6:,.0f} MB, "
+                           f"{free / 1e6:,.0f} MB are free. Free some space or choose another folder.")
 
 
 def read_bytes(path):
@@ -160,8 +214,13 @@ def read_text(path):
         raise StorageError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
 
 
-def _temporary_name(path):
-    return f"{path}.{uuid.uuid4().hex[:8]}.partial"
+def random_tag():
+    """8 random characters of a temporary name (`TEMPORARY`)."""
+    return uuid.uuid4().hex[:8]
+
+
+def _temporary_name(path, suffix=""):
+    return f"{path}.{random_tag()}.partial{suffix}"
 
 
 def atomic_write(path, data):
@@ -179,42 +238,58 @@ def copy(source, target, overwrite=True):
 
 
 def rename(source, target):
-    """Rename a file or folder (a copy and delete on object stores)."""
+    """Rename a file or folder (atomic locally: `os.replace`; a copy and delete on object
+    stores)."""
     with reporting(target):
-        gfile.rename(source, target)
+        if is_local(source) and is_local(target):
+            os.replace(source, target)
+        else:
+            gfile.rename(source, target)
 
 
 @contextlib.contextmanager
-def local_output(path):
+def local_output(path, suffix="", overwrite=True):
     """Yield a local file path to write; on success it becomes `path` atomically (see the
     module docstring), on error nothing is left. For writers that need a local file
-    (h5py, numpy) and for plain atomic writes."""
+    (h5py, numpy) and for plain atomic writes. The temporary file lies beside `path` (for
+    a URL, in the system's temporary folder) and ends with `suffix` (Keras requires
+    `.weights.h5`). Without `overwrite` an existing `path` is an error, and no other
+    writer can have made it meanwhile (a hard link, locally)."""
     folder = dirname(path) or "."
     makedirs(folder)
+    if not overwrite and exists(path):
+        raise FileExistsError(f"{path} exists; nothing was overwritten.")
     if is_local(path):
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".partial", dir=folder)
+        with reporting(path):
+            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".partial" + suffix, dir=folder)
         os.close(fd)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would create it
         try:
             yield tmp
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            with reporting(path):
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+                if overwrite:
+                    os.replace(tmp, path)
+                else:
+                    os.link(tmp, path)  # fails if another writer made `path` meanwhile
             fsync_dir(folder)
+        except FileExistsError:
+            raise FileExistsError(f"{path} exists; nothing was overwritten.") from None
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
         return
     local_dir = tempfile.mkdtemp(prefix="txl-upload-")
-    local = os.path.join(local_dir, basename(path))
+    local = os.path.join(local_dir, basename(path) + suffix)
     remote_tmp = _temporary_name(path)
     try:
         yield local
         copy(local, remote_tmp)
         with reporting(path):
-            gfile.rename(remote_tmp, path, overwrite=True)
+            gfile.rename(remote_tmp, path, overwrite=overwrite)
     finally:
         shutil.rmtree(local_dir, ignore_errors=True)
         try:
@@ -222,6 +297,105 @@ def local_output(path):
                 gfile.remove(remote_tmp)
         except tf.errors.OpError:
             pass
+
+
+def remove_leftovers(folder, names):
+    """Delete the temporary files (and temporary checkpoint folders' files) that an
+    interrupted write of one of `names` (a set, or a compiled pattern of names) left in
+    `folder`; only names of the exact `TEMPORARY` form. Returns the paths removed."""
+    removed = []
+    for entry in listdir(folder):
+        match = TEMPORARY.match(entry)
+        if not match:
+            continue
+        name = match.group("name")
+        if not (name in names if isinstance(names, (set, frozenset)) else names.match(name)):
+            continue
+        path = join(folder, entry)
+        if isdir(path):
+            if not remove_folder(path, (), TEMPORARY_CONTENT):
+                continue
+        else:
+            remove_file(path)
+        removed.append(path)
+    return removed
+
+
+# What a temporary checkpoint folder may hold: the files of a checkpoint and their temporaries.
+TEMPORARY_CONTENT = re.compile(r"^(model\.weights\.h5|state\.npz)(\.[a-z0-9_]{8}\.partial(\.weights\.h5)?)?$")
+
+
+# -- one writer per folder ----------------------------------------------------------------------
+
+
+def _holder(lock_path):
+    try:
+        with open(lock_path) if is_local(lock_path) else gfile.GFile(lock_path) as f:
+            data = json.loads(f.read() or "{}")
+        return f"pid {data['pid']} on {data['host']}, since {data['since']}"
+    except (OSError, ValueError, KeyError, TypeError, tf.errors.OpError):
+        return "another process"
+
+
+def _owner():
+    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                       "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+@contextlib.contextmanager
+def exclusive(folder, what):
+    """Hold `folder`'s lock (`txl_keras.lock`, naming its holder's host and pid) while the
+    block runs: a second writer gets an InUseError naming the holder. Locally the lock is
+    an `flock` on the file, which the system releases when its holder dies, so the lock of
+    a killed process is taken over safely; the file is deleted when the block ends. On
+    object stores it is a best effort: the file exists while a holder runs, and the file
+    of a killed holder must be deleted by hand."""
+    makedirs(folder)
+    path = join(folder, LOCK)
+    if not is_local(path):
+        with reporting(path):
+            if gfile.exists(path):
+                raise InUseError(f"{what} is in use ({_holder(path)}; {path}). If that run has ended "
+                                 "(killed), delete the lock file and run again.")
+        atomic_write(path, _owner())
+        try:
+            yield
+        finally:
+            remove_file(path)
+        return
+    handle = _flock(path, what)
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(_owner())
+        handle.flush()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)  # (while holding it: a waiter that opened this file tries again)
+        handle.close()  # releases the flock
+
+
+def _flock(path, what):
+    """The open lock file at `path`, exclusively locked (retried if it was replaced)."""
+    import fcntl
+
+    while True:
+        with reporting(path):
+            handle = open(path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise InUseError(f"{what} is in use by {_holder(path)}; wait for it to end, or use another "
+                             "folder.") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return handle
+        handle.close()  # its holder deleted it on release: lock the new file
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from tf_records import files
 from tf_records.build import VOCAB_FILE, build_records, default_records_dir, load_corpus_info
 from tf_records.records import record_info_path
 from txl_keras import run_folder
+from txl_keras.models import sizes
 from txl_keras.models.config import PRESETS, TransformerXLConfig
 from txl_keras.training.train_config import RUN_PRESETS, TrainConfig
 from txl_keras.training.trainer import NonFiniteLossError, Trainer
@@ -54,6 +55,8 @@ def define_flags():
     flags.DEFINE_string("eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).")
     flags.DEFINE_integer("start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.",
                          lower_bound=0)
+    flags.DEFINE_bool("check_memory", True, "Refuse a run whose training cannot fit this machine's memory "
+                      "(estimated before the model is built; CPUs only).")
     for field in dataclasses.fields(TrainConfig):
         if field.name == "records_dir":
             continue  # --data_dir
@@ -166,60 +169,102 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
 
     `compiled=True` (train_tpu.py) compiles every step with XLA whatever --xla says."""
     tc = train_config(FLAGS.data_dir or default_records_dir(_dataset()))
-    if tc.model_dir is None:
-        raise ValueError("--model_dir is required (the run folder) unless --config is a run preset.")
-    for path in (tc.model_dir, tc.records_dir):
-        files.check_access(path)
+    check_paths(tc)
     check_model_flags()
-    for flag, path in (("warm_start_path", tc.warm_start_path), ("eval_ckpt_path", FLAGS.eval_ckpt_path)):
-        if path and not files.exists(run_folder.weights_path(path)):
-            raise ValueError(f"--{flag}={path}: no weights there; give a checkpoint folder (ckpt-NNNNNNNN) "
-                             "or a .weights.h5 file.")
     cores = strategy.num_replicas_in_sync // num_hosts
     if is_chief:  # only the chief builds missing default records; other workers read them
         prepare_data(tc, cores, log)
     corpus_info = load_corpus_info(files.dirname(FLAGS.corpus_info_path) if FLAGS.corpus_info_path
                                    else tc.records_dir)
     config = model_config(corpus_info)
-    if is_chief and FLAGS.do_train and not FLAGS.do_eval_only:  # evaluation never writes into the run folder
-        run_folder.claim(tc.model_dir, config)
-        vocab = files.join(tc.records_dir, VOCAB_FILE)
-        if files.exists(vocab) and not files.exists(files.join(tc.model_dir, VOCAB_FILE)):
-            files.copy(vocab, files.join(tc.model_dir, VOCAB_FILE))  # generation and export find it there
+    if FLAGS.check_memory:
+        check_memory(config, tc, cores, compiled)
     trainer = Trainer(strategy, config, tc, num_hosts=num_hosts, is_chief=is_chief, log=log, compiled=compiled)
     if FLAGS.do_eval_only:
         return evaluate_checkpoints(trainer, log)
+    if not FLAGS.do_train:  # evaluation never writes into the run folder
+        return evaluate(trainer, tc, log)
+    with run_folder.lock(trainer.worker_dir()):
+        if is_chief:
+            run_folder.claim(tc.model_dir, config)
+            copy_vocabulary(tc)
+        results = train(trainer, tc, log)
+        if is_chief:
+            files.atomic_write(files.join(tc.model_dir, "eval_results.json"), json.dumps(results, indent=2))
+    return results
+
+
+def check_paths(tc):
+    """The run folder, the records and the weights the flags name, before anything runs."""
+    if tc.model_dir is None or not str(tc.model_dir).strip():
+        raise ValueError("--model_dir is required (the run folder) unless --config is a run preset, and it must "
+                         f"not be empty. Received: --model_dir={tc.model_dir!r}")
+    for path in (tc.model_dir, tc.records_dir):
+        files.check_access(path)
+    for flag, path in (("warm_start_path", tc.warm_start_path), ("eval_ckpt_path", FLAGS.eval_ckpt_path)):
+        if path and not files.exists(run_folder.weights_path(path)):
+            raise ValueError(f"--{flag}={path}: no weights there; give a checkpoint folder (ckpt-NNNNNNNN) "
+                             "or a .weights.h5 file.")
+
+
+def check_memory(config, tc, cores, compiled):
+    """Refuse, with the figures, a run whose training cannot fit this machine's memory (on
+    CPUs; accelerators hold their own)."""
+    import tensorflow as tf
+
+    if compiled or tf.config.list_logical_devices("GPU") or not (FLAGS.do_train and not FLAGS.do_eval_only):
+        return
+    needed, available = sizes.training_bytes(config, tc.train_batch_size // cores, cores), sizes.available_bytes()
+    if available is not None and needed > available:
+        raise ValueError(
+            f"This run needs at least {needed / 1e9:,.1f} GB of memory to train ({sizes.parameter_count(config):,} "
+            f"parameters, their gradients and Adam's moments, and the activations of {tc.train_batch_size} "
+            f"streams of {config.tgt_len} tokens) but {available / 1e9:,.1f} GB are available; make the model or "
+            "the batch smaller (or pass --check_memory=false to try anyway).")
+
+
+def copy_vocabulary(tc):
+    """The records' vocabulary into the run folder, where generation and export find it."""
+    source, target = files.join(tc.records_dir, VOCAB_FILE), files.join(tc.model_dir, VOCAB_FILE)
+    if files.exists(source) and not files.exists(target):
+        files.atomic_write(target, files.read_bytes(source))
+
+
+def train(trainer, tc, log):
+    """Train (evaluating before, if the run starts afresh, and after); the results."""
     results = {}
-    if FLAGS.do_train:
-        if FLAGS.do_eval and not run_folder.latest_checkpoint(tc.model_dir)[1] and not tc.warm_start_path:
-            results["before"] = trainer.evaluate(progress=False)
-        try:
-            trainer.train()
-        except NonFiniteLossError as e:
-            log(str(e))
-            sys.exit(2)
-    elif FLAGS.eval_ckpt_path:
+    if FLAGS.do_eval and not run_folder.latest_checkpoint(tc.model_dir)[1] and not tc.warm_start_path:
+        results["before"] = trainer.evaluate(progress=False)
+    try:
+        trainer.train()
+    except NonFiniteLossError as e:
+        log(str(e))
+        sys.exit(2)
+    if FLAGS.do_eval:
+        step = int(trainer.step.numpy())
+        if trainer.last_eval and trainer.last_eval[0] == step:
+            results["after"] = trainer.last_eval[1]  # --eval_steps just evaluated this step
+        else:
+            results["after"] = trainer.evaluate()
+        if "before" in results:
+            b, a = results["before"], results["after"]
+            log(f"validation bpc {b['bpc']:.3f} -> {a['bpc']:.3f}, ppl {b['ppl']:.2f} -> {a['ppl']:.2f}")
+    best = run_folder.read_best(tc.model_dir) if tc.eval_steps else None
+    if best:
+        results["best"] = best
+        log(f"best validation loss {best['loss']:.4f} (ppl {best.get('ppl', float('nan')):.3f}, bpc "
+            f"{best.get('bpc', float('nan')):.4f}) at step {best['step']}: {files.join(tc.model_dir, best['weights'])}")
+    return results
+
+
+def evaluate(trainer, tc, log):
+    """Evaluate a checkpoint (--eval_ckpt_path, else the newest) without writing anything."""
+    if FLAGS.eval_ckpt_path:
         trainer.load_weights(FLAGS.eval_ckpt_path)
     elif not trainer.restore_or_warm_start():
         raise ValueError(f"--do_train=false but there is no checkpoint in {tc.model_dir} and no "
                          "--eval_ckpt_path: nothing to evaluate.")
-    if FLAGS.do_eval:
-        step = int(trainer.step.numpy())
-        if FLAGS.do_train and trainer.last_eval and trainer.last_eval[0] == step:
-            results["after"] = trainer.last_eval[1]  # --eval_steps just evaluated this step
-        else:  # evaluation-only writes no summaries into the run folder
-            results["after"] = trainer.evaluate(summaries=FLAGS.do_train)
-        if "before" in results:
-            b, a = results["before"], results["after"]
-            log(f"validation bpc {b['bpc']:.3f} -> {a['bpc']:.3f}, ppl {b['ppl']:.2f} -> {a['ppl']:.2f}")
-    best = run_folder.read_best(tc.model_dir) if FLAGS.do_train and tc.eval_steps else None
-    if best:
-        results["best"] = best
-        log(f"best validation loss {best['loss']:.4f} (ppl {best['ppl']:.3f}, bpc {best['bpc']:.4f}) at step "
-            f"{best['step']}: {files.join(tc.model_dir, best['weights'])}")
-    if is_chief and FLAGS.do_train:
-        files.atomic_write(files.join(tc.model_dir, "eval_results.json"), json.dumps(results, indent=2))
-    return results
+    return {"after": trainer.evaluate(summaries=False)} if FLAGS.do_eval else {}
 
 
 def evaluate_checkpoints(trainer, log):

@@ -183,14 +183,16 @@ class Trainer:
         """TensorBoard scalars (and texts) at `step` in `model_dir/<run>` (the chief's)."""
         if not self.is_chief:
             return
-        if run not in self._writers:
-            self._writers[run] = tf.summary.create_file_writer(files.join(self.tc.model_dir, run))
-        with self._writers[run].as_default(step=step):
-            for name, value in (scalars or {}).items():
-                _summary(name, value)
-            for name, value in (texts or {}).items():
-                _summary(name, value, plugin="text")
-        self._writers[run].flush()
+        folder = files.join(self.tc.model_dir, run)
+        with files.reporting(folder):
+            if run not in self._writers:
+                self._writers[run] = tf.summary.create_file_writer(folder)
+            with self._writers[run].as_default(step=step):
+                for name, value in (scalars or {}).items():
+                    _summary(name, value)
+                for name, value in (texts or {}).items():
+                    _summary(name, value, plugin="text")
+            self._writers[run].flush()
 
     # -- training ------------------------------------------------------------------------
 
@@ -335,7 +337,7 @@ class Trainer:
             self.write_summaries("train", step, {
                 "loss": loss, "lr": lr, "gnorm": gnorm, "bpc": loss / LN2, "tokens_per_s": tokens_per_s,
                 "model_flops_per_s": tokens_per_s * self.flops_per_token})
-            if tc.save_steps and (step % tc.save_steps == 0 or step >= tc.train_steps):
+            if step >= tc.train_steps or (tc.save_steps and step % tc.save_steps == 0):  # always at the end
                 self.save()
             if tc.eval_steps and step % tc.eval_steps == 0:
                 self.evaluate_and_keep_best(step)
@@ -366,7 +368,8 @@ class Trainer:
                 state[f"memory_{i}_replica_{r}"] = value.numpy()
         return state
 
-    def _worker_dir(self):
+    def worker_dir(self):
+        """The folder this worker writes: the run folder (the chief), else `worker-N` in it."""
         if self.is_chief:
             return self.tc.model_dir
         worker = self.strategy.cluster_resolver.task_id
@@ -374,10 +377,10 @@ class Trainer:
 
     def save(self):
         step = int(self.step.numpy())
-        damaged = files.join(self._worker_dir(), run_folder.checkpoint_name(step))
+        damaged = files.join(self.worker_dir(), run_folder.checkpoint_name(step))
         if damaged in self.damaged and files.exists(damaged):
             self.log(f"moved the damaged {damaged} to {run_folder.set_aside(damaged)}")
-        path = run_folder.save_checkpoint(self._worker_dir(), int(self.step.numpy()), self.model,
+        path = run_folder.save_checkpoint(self.worker_dir(), int(self.step.numpy()), self.model,
                                            self._state(), self.tc.keep_checkpoint_max)
         self.log(f"saved {path}")
         return path
@@ -386,6 +389,7 @@ class Trainer:
         """Restore weights, optimizer, step, randomness and every replica's memory."""
         self._started = True
         state = run_folder.load_state(path)
+        self._check_state(state, path)
         run_folder.load_weights(self.model, path)
         self.step.assign(int(state["step"]))
         self.loss_scale.assign(float(state["loss_scale"]))
@@ -395,6 +399,14 @@ class Trainer:
         for i, v in enumerate(self.seed_states):
             v.assign(state[f"seed_{i}"])
         memory_vars = self.memory.memory_variables + [self.memory.valid_variable]
+        for i, v in enumerate(memory_vars):
+            values = [state[f"memory_{i}_replica_{r}"] for r in range(self.replicas)]
+            per_replica = self.strategy.experimental_distribute_values_from_function(
+                lambda ctx, values=values: tf.constant(values[ctx.replica_id_in_sync_group]))
+            self.strategy.run(lambda x, v=v: v.assign(x), args=(per_replica,))
+
+    def _check_state(self, state, path):
+        """A RunFolderError naming `path` unless its state fits this run's variables."""
         saved_replicas = sum(1 for k in state if k.startswith("memory_0_replica_"))
         if saved_replicas != self.replicas:
             raise ValueError(
@@ -402,11 +414,22 @@ class Trainer:
                 f"has {self.replicas}; resume with the same replica layout, or use "
                 "--warm_start_path to start from its weights only."
             )
-        for i, v in enumerate(memory_vars):
-            values = [state[f"memory_{i}_replica_{r}"] for r in range(self.replicas)]
-            per_replica = self.strategy.experimental_distribute_values_from_function(
-                lambda ctx, values=values: tf.constant(values[ctx.replica_id_in_sync_group]))
-            self.strategy.run(lambda x, v=v: v.assign(x), args=(per_replica,))
+        expected = {"step": (), "loss_scale": (), "good_steps": ()}
+        expected.update({f"optimizer_{i}": tuple(v.shape) for i, v in enumerate(self.optimizer.state)})
+        expected.update({f"seed_{i}": tuple(v.shape) for i, v in enumerate(self.seed_states)})
+        memory_vars = self.memory.memory_variables + [self.memory.valid_variable]
+        expected.update({f"memory_{i}_replica_{r}": tuple(v.shape) for i, v in enumerate(memory_vars)
+                         for r in range(self.replicas)})
+        for name, shape in expected.items():
+            if name not in state or tuple(state[name].shape) != shape:
+                found = "missing" if name not in state else f"of shape {tuple(state[name].shape)}"
+                raise run_folder.RunFolderError(
+                    f"{path} holds the training state of another model or run ({name} is {found}, this run's "
+                    f"has shape {shape})")
+        extra = sorted(set(state) - set(expected))
+        if extra:
+            raise run_folder.RunFolderError(f"{path} holds the training state of another model or run "
+                                            f"({extra[0]} has no place in this one)")
 
     def load_weights(self, path):
         """Only the model weights of a checkpoint folder or a .weights.h5 (evaluation, or
@@ -418,21 +441,20 @@ class Trainer:
         asked. A damaged checkpoint (truncated weights, empty state) is reported by name
         and left in place; the one before it is used. Returns whether weights were loaded."""
         self._started = True
-        found = run_folder.list_checkpoints(self._worker_dir())
+        found = run_folder.list_checkpoints(self.worker_dir())
         for step, path in reversed(found):
             try:
                 self.restore(path)
             except run_folder.RunFolderError as e:
                 self.damaged.add(path)
-                # logged by every worker: each resumes from its own folder
-                print(f"warning: the checkpoint {path} is damaged ({e}); it is left in place and the "
-                      "checkpoint before it is used.", file=sys.stderr, flush=True)
+                run_folder.warn(f"the checkpoint {path} is damaged ({e}); it is left in place and the "
+                                "checkpoint before it is used.")
                 continue
             self.log(f"resumed from {path} (step {step})")
             return True
         if found:
             raise run_folder.RunFolderError(
-                f"Every checkpoint in {self._worker_dir()} is damaged (see the warnings above); move them "
+                f"Every checkpoint in {self.worker_dir()} is damaged (see the warnings above); move them "
                 "away to start afresh.")
         if self.tc.warm_start_path:
             self.load_weights(self.tc.warm_start_path)
