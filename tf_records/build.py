@@ -40,12 +40,17 @@ def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_h
     if do_download:
         download(dataset, data_dir, log=log)
     corpus = load_corpus(dataset, data_dir=data_dir, **corpus_options)
+    with files.exclusive(records_dir, f"The records folder {records_dir}"):
+        _write_splits(corpus, records_dir, splits, batches, tgt_len, num_hosts, num_passes, log)
+    return records_dir
+
+
+def _write_splits(corpus, records_dir, splits, batches, tgt_len, num_hosts, num_passes, log):
     _refuse_other_vocabulary(records_dir, corpus)
     for i, split in enumerate(splits):
         ids = corpus.split_ids[split]()
         _report_unknown(ids, corpus.vocab, split, log)
         if i == 0:  # the first split encodes: now the folder gets the vocabulary
-            files.makedirs(records_dir)
             corpus.vocab.save(files.join(records_dir, VOCAB_FILE))
             files.atomic_write(files.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))
         info = write_split(ids, records_dir, split, batches[split], tgt_len, num_hosts,
@@ -53,7 +58,6 @@ def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_h
                            dataset=corpus.name, log=log)
         log(f"{split}: {info['num_batch']} batches of {batches[split]} x {tgt_len}, "
             f"{info['num_targets']} targets -> {records_dir}")
-    return records_dir
 
 
 def _refuse_other_vocabulary(records_dir, corpus):

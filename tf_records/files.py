@@ -288,8 +288,8 @@ def local_output(path, suffix="", overwrite=True):
     try:
         yield local
         copy(local, remote_tmp)
-        with reporting(path):
-            gfile.rename(remote_tmp, path, overwrite=overwrite)
+        with reporting(path):  # (object stores: `overwrite` was checked before, not atomically)
+            gfile.rename(remote_tmp, path, overwrite=True)
     finally:
         shutil.rmtree(local_dir, ignore_errors=True)
         try:
@@ -349,8 +349,21 @@ def exclusive(folder, what):
     an `flock` on the file, which the system releases when its holder dies, so the lock of
     a killed process is taken over safely; the file is deleted when the block ends. On
     object stores it is a best effort: the file exists while a holder runs, and the file
-    of a killed holder must be deleted by hand."""
+    of a killed holder must be deleted by hand. A folder it had to create and that the
+    block left empty is removed again."""
+    created = not exists(folder)
     makedirs(folder)
+    try:
+        with _locked(folder, what):
+            yield
+    finally:
+        if created and not listdir(folder):
+            with contextlib.suppress(OSError, StorageError):
+                remove_folder(folder, ())
+
+
+@contextlib.contextmanager
+def _locked(folder, what):
     path = join(folder, LOCK)
     if not is_local(path):
         with reporting(path):
@@ -396,6 +409,69 @@ def _flock(path, what):
         if same:
             return handle
         handle.close()  # its holder deleted it on release: lock the new file
+
+
+@contextlib.contextmanager
+def staged_folder(output, what, last=None):
+    """Write the new folder `output` whole: the block writes into the staging folder it is
+    given, `.<name>.partial` beside it, which is published as `output` when the block succeeds (a
+    rename locally; on object stores a copy whose file `last` comes last, the commit).
+
+    One writer at a time (the staging folder's lock, `exclusive`); an `output` that exists
+    and is not empty is refused before anything is written; the staging folder that an
+    interrupted run left (it holds the lock file) is cleared and written again, so the same
+    command after any interruption completes, and a partial output never appears under
+    `output`. A failed block leaves nothing behind."""
+    output = output.rstrip("/")
+    staging = join(dirname(output) or ".", f".{basename(output)}.partial")  # (no prefix of `output`)
+    if listdir(staging) and LOCK not in listdir(staging):
+        raise StorageError(f"{staging} exists and was not made by txl_keras; move it away and run again.")
+    published = False
+    with exclusive(staging, f"{what} ({output})"):
+        if listdir(output):
+            raise FileExistsError(f"{output} is not empty; choose a new folder (nothing is overwritten).")
+        _clear(staging)
+        try:
+            yield staging
+            _publish(staging, output, last)
+            published = True
+        finally:
+            if not published:
+                _clear(staging)
+    if not published or exists(staging):
+        with contextlib.suppress(OSError, StorageError):
+            remove_folder(staging, ())
+
+
+def _clear(folder):
+    """Delete everything in a staging folder of ours but its lock."""
+    for name in listdir(folder):
+        if name != LOCK:
+            path = join(folder, name)
+            with reporting(path):
+                if gfile.isdir(path):
+                    gfile.rmtree(path)
+                else:
+                    gfile.remove(path)
+
+
+def _publish(staging, output, last):
+    if is_local(output):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(join(staging, LOCK))  # (the lock stays held through its open handle)
+        try:
+            os.replace(staging, output)  # onto a missing or empty folder only
+        except OSError as e:
+            raise storage_error(output, e) from None
+        fsync_dir(dirname(os.path.abspath(output)))
+        return
+    names = [os.path.relpath(os.path.join(d, f), staging) for d, _, found in walk(staging) for f in found
+             if f != LOCK]
+    for name in sorted(names, key=lambda n: n == last):
+        target = join(output, name.replace(os.sep, "/"))
+        makedirs(dirname(target))
+        copy(join(staging, name.replace(os.sep, "/")), target)
+    _clear(staging)
 
 
 @contextlib.contextmanager

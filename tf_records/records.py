@@ -80,7 +80,9 @@ def _check_ids(flat, split, vocab_size):
 
 def _write_host_file(path, rows, starts, tgt_len):
     """One host's chunks, written whole (see tf_records.files); returns its byte size."""
-    with files.local_output(path) as tmp:
+    files.check_free_space(path, 2 * rows.nbytes + (1 << 20), f"the records {files.basename(path)}")
+    files.remove_leftovers(files.dirname(path) or ".", {files.basename(path)})
+    with files.local_output(path) as tmp, files.reporting(path):
         with tf.io.TFRecordWriter(tmp) as writer:
             for t in starts:
                 writer.write(_example(rows[:, t: t + tgt_len + 1]))

@@ -89,8 +89,10 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="mem_len"):
         CacheStore(-1, 1, 2, 1, batch_size=1, segment_length=2)
     store = CacheStore(4, 1, 2, 1, batch_size=1, segment_length=2)
-    with pytest.raises(ValueError, match=r"shape \(batch_size, 2, 2\)"):
+    with pytest.raises(ValueError, match=r"shape \(batch_size=1, 2, 2\)"):
         store.append([np.zeros((1, 3, 2), "float32")], 3)
+    with pytest.raises(ValueError, match=r"shape \(batch_size=1, 2, 2\)"):
+        store.append([np.zeros((2, 2, 2), "float32")], 2)  # another batch size
     config = store.get_config()
     assert CacheStore.from_config(config).capacity == 4 and config["segment_length"] == 2
 

@@ -15,6 +15,7 @@ PyTorch state dicts those of the code that wrote them (told by the key names).
 """
 
 import io
+import json
 import logging
 import pickle
 import re
@@ -111,12 +112,24 @@ def _assign(model, arrays, source):
 
 
 def _infer_config(arrays, overrides):
+    """The config of converted weights, read from the variable shapes."""
+    try:
+        return _config_from_shapes(arrays, overrides)
+    except (KeyError, IndexError) as e:
+        raise ConversionError(f"The weights are not a complete Transformer-XL checkpoint: {e} is missing or "
+                              "has another shape than the original code writes.") from None
+
+
+def _config_from_shapes(arrays, overrides):
     layers = sorted({int(m.group(1)) for n in arrays if (m := re.match(r"layer_(\d+)/", n))})
     if not layers:
         raise ConversionError("No layer_*/ variables found; is this a Transformer-XL checkpoint?")
     if "r_w_bias" not in arrays:
         raise ConversionError("No r_w_bias: only attn_type 0 checkpoints can be converted.")
     bias = arrays["r_w_bias"].shape
+    if len(bias) not in (2, 3):
+        raise ConversionError(f"r_w_bias has shape {tuple(bias)}, where the original code writes (n_head, d_head) "
+                              "or (n_layer, n_head, d_head).")
     d_model = arrays["layer_0/rel_attn/qkv/kernel"].shape[0]
     n_head, d_head = bias[-2], bias[-1]
     if "adaptive_embed/lookup_table" in arrays:
@@ -198,6 +211,16 @@ def _numpy(value):
 
 def pytorch_to_canonical(state_dict):
     """Rename (and transpose) a PyTorch MemTransformerLM / HF `transfo-xl` state dict."""
+    if not hasattr(state_dict, "items") or not state_dict:
+        raise ConversionError("The state dict is empty or not a mapping of names to tensors; pass the "
+                              "state_dict() of a Transformer-XL model.")
+    try:
+        return _canonical_names(state_dict)
+    except KeyError as e:
+        raise ConversionError(f"The state dict is not a complete Transformer-XL one: {e} is missing.") from None
+
+
+def _canonical_names(state_dict):
     sd = {k[len("transformer."):] if k.startswith("transformer.") else k: _numpy(v)
           for k, v in state_dict.items()}
     out = {}
@@ -340,16 +363,45 @@ def load_cache_vocab(path):
         except (pickle.UnpicklingError, EOFError) as e:
             raise ConversionError(f"Cannot read the vocabulary in {path}: {e}") from None
     state = obj.state if isinstance(obj, _Plain) else obj
+    if not isinstance(state, dict):
+        raise ConversionError(f"{path} holds a {type(state).__name__}, not the original Corpus or Vocab.")
     dataset = state.get("dataset")
     vocab = state.get("vocab", obj)
     vstate = vocab.state if isinstance(vocab, _Plain) else vocab
-    symbols = vstate.get("idx2sym")
+    symbols = vstate.get("idx2sym") if isinstance(vstate, dict) else None
     if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
         raise ConversionError(f"{path} holds no idx2sym list of symbols.")
-    unk = symbols[vstate["unk_idx"]] if isinstance(vstate.get("unk_idx"), int) else None
+    unk_idx = vstate.get("unk_idx")
+    if isinstance(unk_idx, int) and not 0 <= unk_idx < len(symbols):
+        raise ConversionError(f"{path} names the unknown symbol by id {unk_idx}, outside its {len(symbols)} symbols.")
+    unk = symbols[unk_idx] if isinstance(unk_idx, int) else None
     if dataset == "enwik8":
         return Vocabulary(symbols, level="byte", lower_case=True), dataset
     if dataset == "text8":
         return Vocabulary(symbols, level="char", lower_case=True), dataset
     return Vocabulary(symbols, lower_case=bool(vstate.get("lower_case", False)),
                       add_eos=dataset != "lm1b", add_double_eos=dataset == "lm1b", unk_symbol=unk), dataset
+
+
+# -- the converted run folder -------------------------------------------------------------------------
+
+
+def write_converted(output, model, vocab=None, dataset=None):
+    """Write converted weights as a run folder: config.json, the checkpoint, and with a
+    vocabulary vocab.json and corpus-info.json. Written whole (`files.staged_folder`): a
+    second conversion into `output` is refused, an interrupted one completed."""
+    from tf_records.build import CORPUS_INFO_FILE
+    from txl_keras.run_folder import CONFIG, INDEX, VOCAB, save_checkpoint
+
+    config = model.config
+    if vocab is not None and len(vocab) != config.n_token:
+        raise ConversionError(f"The vocabulary has {len(vocab)} symbols but the weights have n_token="
+                              f"{config.n_token}: they belong to another model (check the cache.pkl).")
+    with files.staged_folder(output, "a conversion", last=INDEX) as staging:
+        files.atomic_write(files.join(staging, CONFIG), config.to_json())
+        if vocab is not None:
+            vocab.save(files.join(staging, VOCAB))
+            info = {"dataset": dataset, "vocab_size": len(vocab), "cutoffs": [0] + config.cutoffs + [config.n_token]}
+            files.atomic_write(files.join(staging, CORPUS_INFO_FILE), json.dumps(info, indent=2))
+        save_checkpoint(staging, 0, model, None)
+    return output

@@ -4,20 +4,21 @@ export and generate from (config.json, vocab.json, corpus-info.json, ckpt-000000
     python -m txl_keras.convert --tf_checkpoint=pretrained/wt103/model/model.ckpt-0 \
         --cache_pkl=pretrained/wt103/data/cache.pkl --output=converted/wt103 \
         --tgt_len=128 --mem_len=1600 --clamp_len=1000 --same_length
+
+The folder is written whole (staged beside it, then renamed): an interrupted conversion
+leaves no partial folder, and the same command completes it.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import json
+from absl import app, flags  # noqa: E402
 
-from absl import app, flags
-
-from tf_records import files, program
-from txl_keras.convert import from_pytorch_state_dict, from_tf_checkpoint, load_cache_vocab
-from txl_keras.models.config import TransformerXLConfig
-from txl_keras.run_folder import VOCAB, claim, save_checkpoint
+from tf_records import files, program  # noqa: E402
+from txl_keras.convert import (ConversionError, from_pytorch_state_dict, from_tf_checkpoint,  # noqa: E402
+                               load_cache_vocab, write_converted)
+from txl_keras.models.config import TransformerXLConfig  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("tf_checkpoint", None, "Original TF checkpoint prefix (model.ckpt-0).")
@@ -36,13 +37,19 @@ def convert_model():
                   same_length=FLAGS.same_length)
     if FLAGS.tf_checkpoint:
         return from_tf_checkpoint(FLAGS.tf_checkpoint, **memory)
-    import torch
-
     if not FLAGS.config_json:
         raise app.UsageError("--config_json is required with --pytorch_state_dict.")
+    try:
+        import torch
+    except ImportError:
+        raise ConversionError("--pytorch_state_dict needs PyTorch (pip install torch).") from None
     config = TransformerXLConfig.from_json(files.read_text(FLAGS.config_json)).replace(**memory)
     with files.local_input(FLAGS.pytorch_state_dict) as local:
-        state_dict = torch.load(local, map_location="cpu", weights_only=True)
+        try:
+            state_dict = torch.load(local, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several kinds for a file that is not a state dict
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConversionError(f"Cannot read a state dict at {FLAGS.pytorch_state_dict}: {first[:200]}") from None
     return from_pytorch_state_dict(state_dict, config)
 
 
@@ -56,14 +63,7 @@ def main(argv):
                              "convert into a new folder, nothing is overwritten.")
     vocab = load_cache_vocab(FLAGS.cache_pkl) if FLAGS.cache_pkl else None
     model = convert_model()
-    claim(FLAGS.output, model.config)
-    if vocab:
-        vocab, dataset = vocab
-        vocab.save(files.join(FLAGS.output, VOCAB))
-        info = {"dataset": dataset, "vocab_size": len(vocab),
-                "cutoffs": [0] + model.config.cutoffs + [model.config.n_token]}
-        files.atomic_write(files.join(FLAGS.output, "corpus-info.json"), json.dumps(info, indent=2))
-    save_checkpoint(FLAGS.output, 0, model, None)
+    write_converted(FLAGS.output, model, *(vocab or (None, None)))
     print(f"wrote {FLAGS.output} ({model.count_params():,} parameters)")
 
 

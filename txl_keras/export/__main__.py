@@ -1,4 +1,4 @@
-"""`python -m txl_keras.export`: a run folder's checkpoint -> a SavedModel.
+"""`python -m txl_keras.export`: a run folder's checkpoint -> a SavedModel (with its vocabulary).
 
     python -m txl_keras.export --model_dir=runs/quickstart --output=exported/quickstart
 """
@@ -7,15 +7,17 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags
+from absl import app, flags  # noqa: E402
 
-from tf_records import files, program
-from txl_keras.export import export_saved_model
-from txl_keras.run_folder import load_trained_model
+from tf_records import files, program  # noqa: E402
+from tf_records.vocabulary import Vocabulary  # noqa: E402
+from txl_keras.export import export_saved_model  # noqa: E402
+from txl_keras.run_folder import VOCAB, load_trained_model  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "Training folder (config.json and checkpoints).")
-flags.DEFINE_string("checkpoint", None, "Checkpoint folder (default: the latest in --model_dir).")
+flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json and checkpoints).")
+flags.DEFINE_string("checkpoint", None, "Checkpoint folder (default: the newest in --model_dir).")
+flags.DEFINE_string("vocab", None, "vocab.json to export with the model (default: the one in --model_dir).")
 flags.DEFINE_string("output", None, "Where to write the SavedModel (a new or empty folder).")
 flags.DEFINE_integer("mem_len", None, "Memory length to serve with (default: the config's).", lower_bound=0)
 flags.DEFINE_integer("clamp_len", None, "clamp_len to serve with (-1 or 0: no clamping).", lower_bound=-1)
@@ -29,9 +31,11 @@ def main(argv):
         raise app.UsageError("--model_dir and --output are required.")
     if files.listdir(FLAGS.output):
         raise app.UsageError(f"--output={FLAGS.output} is not empty; choose a new folder (nothing is overwritten).")
+    vocab_path = FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB)
+    vocabulary = Vocabulary.load(vocab_path) if FLAGS.vocab or files.exists(vocab_path) else None
     model = load_trained_model(FLAGS.model_dir, FLAGS.checkpoint)
-    export_saved_model(model, FLAGS.output, FLAGS.mem_len, FLAGS.clamp_len, FLAGS.same_length)
-    print(f"wrote {FLAGS.output}")
+    export_saved_model(model, FLAGS.output, vocabulary, FLAGS.mem_len, FLAGS.clamp_len, FLAGS.same_length)
+    print(f"wrote {FLAGS.output}" + ("" if vocabulary else f" (no vocabulary: {vocab_path} is absent)"))
 
 
 if __name__ == "__main__":

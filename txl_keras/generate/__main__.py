@@ -36,8 +36,12 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
-    require_config(FLAGS.model_dir)
-    vocab = Vocabulary.load(FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB))
+    config = require_config(FLAGS.model_dir)
+    vocab_path = FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB)
+    vocab = Vocabulary.load(vocab_path)
+    if len(vocab) != config.n_token:
+        raise ValueError(f"The vocabulary {vocab_path} has {len(vocab)} symbols but the model has n_token="
+                         f"{config.n_token}; pass the vocabulary its records were built with (--vocab).")
     stop = None
     if FLAGS.stop:
         if FLAGS.stop not in vocab.index:

@@ -159,9 +159,9 @@ class CacheStore(keras.layers.Layer):
         expected = (self.segment_length, self.groups * self.width)
         offset, after = self.offset.value, self.offset.value
         for ring, new in zip(self.rings if self.capacity else (), rows):
-            if tuple(new.shape[1:]) != expected:
-                raise ValueError(f"Expected segment rows of shape (batch_size, {expected[0]}, {expected[1]}). "
-                                 f"Received shape {tuple(new.shape)}")
+            if tuple(new.shape[1:]) != expected or new.shape[0] not in (None, self.batch_size):
+                raise ValueError(f"Expected segment rows of shape (batch_size={self.batch_size}, {expected[0]}, "
+                                 f"{expected[1]}). Received shape {tuple(new.shape)}")
             new = head_major(new, self.groups)
             if kernels.fast_kernels_enabled():
                 value, after = append_rows(ring.value, offset, new, self.piece)

@@ -171,6 +171,9 @@ class TransformerXL(keras.Model):
             )
         self.built = True
 
+    def __call__(self, tokens, *args, **kwargs):
+        return super().__call__(as_ids(tokens), *args, **kwargs)
+
     # -- checks at the edge -------------------------------------------------------------
 
     def _check_inputs(self, tokens, mems):
@@ -193,6 +196,12 @@ class TransformerXL(keras.Model):
                     f"[{values.min()}, {values.max()}]; check the vocabulary the data was "
                     "encoded with against the model's n_token."
                 )
+        if self.stateful and tokens.shape[0] not in (None, self.batch_size):
+            raise ValueError(
+                f"This stateful model keeps the memory of batch_size={self.batch_size} streams; received tokens "
+                f"of {tokens.shape[0]} streams. Call it with {self.batch_size} streams, or build a model with "
+                "that batch size (or stateful=False)."
+            )
         if mems is None:
             return
         if self.stateful:
@@ -225,6 +234,7 @@ class TransformerXL(keras.Model):
              memory_valid=None):
         self._check_inputs(tokens, mems)
         settings = self.config.with_memory(mem_len, clamp_len, same_length)
+        _check_valid("memory_valid", memory_valid, 0 if mems is None else mems[0].shape[1])
         if mem_len is not None and self.stateful and mem_len != self.config.mem_len:
             raise ValueError(
                 f"A stateful model keeps mem_len={self.config.mem_len}; use a stateless model "
@@ -341,6 +351,7 @@ class TransformerXL(keras.Model):
         self._check_inputs(tokens, None)
         settings = self.config.with_memory(mem_len, clamp_len, same_length)
         self._check_cache(cache, settings)
+        _check_valid("cache.valid", cache.valid, settings.mem_len)
         if self.can_cache_kv:
             hidden, layer_args = self.cached_inputs(tokens, cache, settings)
             hidden, rows = self.run_cached_blocks(hidden, cache, layer_args)
@@ -469,6 +480,21 @@ class TransformerXL(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+
+def as_ids(tokens):
+    """Token ids given as nested Python lists as an array (Keras takes tensors and arrays)."""
+    return np.asarray(tokens) if isinstance(tokens, (list, tuple)) else tokens
+
+
+def _check_valid(name, valid, length):
+    """A ValueError unless a concrete count of real memory slots is in `[0, length]`."""
+    if valid is None or not isinstance(length, int) or not (isinstance(valid, (int, np.integer)) or _is_concrete(valid)):
+        return
+    value = np.asarray(ops.convert_to_numpy(valid))
+    if value.shape != () or not 0 <= int(value) <= length:
+        raise ValueError(f"Expected `{name}` to be an integer in [0, {length}] (the memory's slots). "
+                         f"Received: {name}={value.tolist()}")
 
 
 def _is_concrete(x):

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
-from txl_keras.models.transformer_xl import TransformerXL, as_config, initializers
+from txl_keras.models.transformer_xl import TransformerXL, as_config, as_ids, initializers
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
@@ -105,6 +105,9 @@ class TransformerXLLM(keras.Model):
         out = dict(self.backbone(tokens, mems=mems, training=training, mem_len=mem_len, clamp_len=clamp_len,
                                  same_length=same_length, memory_valid=memory_valid))
         return {**out, **self._head(out["hidden"], tokens, targets, return_log_probs, training)}
+
+    def __call__(self, tokens, *args, targets=None, **kwargs):
+        return super().__call__(as_ids(tokens), *args, targets=as_ids(targets), **kwargs)
 
     def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
         """An `InferenceCache` of an empty memory (see `TransformerXL.init_cache`)."""

@@ -11,7 +11,7 @@ import numpy as np
 from absl import app, flags
 
 from tf_records import files, program
-from txl_keras.run_folder import list_checkpoints, weights_path
+from txl_keras.run_folder import READ_TRIES, list_checkpoints, weights_path
 
 
 def average_weights(paths, output):
@@ -33,7 +33,12 @@ def _write_mean(sources, paths, output):
         f.visititems(lambda n, o: other.append(n) if isinstance(o, h5py.Dataset) else None)
         if sorted(other) != sorted(names):
             raise ValueError(f"{p} holds other weights than {paths[0]}; average checkpoints of one model.")
-    with files.local_output(output) as tmp:
+        for name in names:
+            if f[name].shape != sources[0][name].shape:
+                raise ValueError(f"{p} holds {name} of shape {f[name].shape} where {paths[0]} has "
+                                 f"{sources[0][name].shape}: checkpoints of two models; average those of one.")
+    files.remove_leftovers(files.dirname(output) or ".", {files.basename(output)})
+    with files.local_output(output, overwrite=False) as tmp:
         with h5py.File(tmp, "w") as out:
             for key, value in sources[0].attrs.items():
                 out.attrs[key] = value
@@ -66,11 +71,19 @@ def main(argv):
     del argv
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
-    found = list_checkpoints(FLAGS.model_dir)[-FLAGS.num_last:]
     output = FLAGS.output or files.join(FLAGS.model_dir, "averaged.weights.h5")
     if files.exists(output):
         raise app.UsageError(f"{output} exists; pass another --output (nothing is overwritten).")
-    average_weights([p for _, p in found], output)
+    if not output.endswith(".weights.h5"):
+        raise app.UsageError(f"--output={output} must end with .weights.h5 (Keras reads weights files by it).")
+    for attempt in range(READ_TRIES):  # a trainer may rotate a checkpoint away while it is read
+        found = list_checkpoints(FLAGS.model_dir)[-FLAGS.num_last:]
+        try:
+            average_weights([p for _, p in found], output)
+            break
+        except FileNotFoundError:
+            if attempt == READ_TRIES - 1:
+                raise
     print(f"averaged steps {[s for s, _ in found]} -> {output}")
 
 

@@ -438,14 +438,27 @@ class Trainer:
 
     def restore_or_warm_start(self):
         """Resume from the newest complete checkpoint of this worker, else warm-start if
-        asked. A damaged checkpoint (truncated weights, empty state) is reported by name
-        and left in place; the one before it is used. Returns whether weights were loaded."""
+        asked. A damaged checkpoint (truncated weights, empty state, another model's
+        state) is reported by name and left in place; the one before it is used. A
+        checkpoint that another process rotates away while it is read is looked up again.
+        Returns whether weights were loaded."""
         self._started = True
-        found = run_folder.list_checkpoints(self.worker_dir())
+        for _ in range(run_folder.READ_TRIES):
+            found = run_folder.list_checkpoints(self.worker_dir())
+            resumed = self._resume_from(found)
+            if resumed is not None:
+                return resumed
+        raise run_folder.RunFolderError(f"The checkpoints of {self.worker_dir()} kept disappearing while they were "
+                                        "read; is another process rotating them?")
+
+    def _resume_from(self, found):
+        """True once one of `found` is restored; None if one vanished (look again)."""
         for step, path in reversed(found):
             try:
                 self.restore(path)
             except run_folder.RunFolderError as e:
+                if not files.exists(path):
+                    return None
                 self.damaged.add(path)
                 run_folder.warn(f"the checkpoint {path} is damaged ({e}); it is left in place and the "
                                 "checkpoint before it is used.")
