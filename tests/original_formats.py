@@ -87,9 +87,10 @@ CASES = {  # name: (n_token, cutoffs, div_val, d_embed, untie_r, proj_share_all_
 }
 
 
-def write_cache_pkl(path, symbols, unk="<unk>", dataset="wt103"):
+def write_cache_pkl(path, symbols, unk="<unk>", dataset="wt103", unk_idx=None):
     """A cache.pkl as the original data_utils writes it: a pickled `data_utils.Corpus`
-    holding a `vocabulary.Vocab` (classes stubbed here, protocol 2)."""
+    holding a `vocabulary.Vocab` (classes stubbed here, protocol 2); `unk_idx` overrides
+    the unknown symbol's id (a damaged file)."""
     vocabulary, data_utils = types.ModuleType("vocabulary"), types.ModuleType("data_utils")
 
     class Vocab:
@@ -104,7 +105,8 @@ def write_cache_pkl(path, symbols, unk="<unk>", dataset="wt103"):
     sys.modules["vocabulary"], sys.modules["data_utils"] = vocabulary, data_utils
     try:
         vocab = Vocab()
-        vocab.__dict__.update(idx2sym=list(symbols), unk_idx=list(symbols).index(unk), lower_case=False,
+        unk_idx = list(symbols).index(unk) if unk_idx is None else unk_idx
+        vocab.__dict__.update(idx2sym=list(symbols), unk_idx=unk_idx, lower_case=False,
                               special=["<eos>"], counter=__import__("collections").Counter(symbols[:2]))
         corpus = Corpus()
         corpus.__dict__.update(vocab=vocab, dataset=dataset, train=np.arange(5))

@@ -50,6 +50,7 @@ def _write_splits(corpus, records_dir, splits, batches, tgt_len, num_hosts, num_
     for i, split in enumerate(splits):
         ids = corpus.split_ids[split]()
         _report_unknown(ids, corpus.vocab, split, log)
+        files.check_free_space(records_dir, 8 * len(ids) + (1 << 20), f"the {split} records")
         if i == 0:  # the first split encodes: now the folder gets the vocabulary
             corpus.vocab.save(files.join(records_dir, VOCAB_FILE))
             files.atomic_write(files.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))

@@ -147,8 +147,11 @@ def makedirs(path):
     """Create a folder (and its parents). Never makes a local folder named like a URL."""
     if is_local(path) and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:$", str(path).split(os.sep)[0]):
         raise StorageError(f"Refusing to create the local folder {path!r}: it looks like a URL missing a '/'.")
-    with reporting(path):
+    try:
         gfile.makedirs(path)
+    except (tf.errors.OpError, OSError) as e:
+        raise StorageError(f"Cannot create the folder {path}: {storage_error(path, e).args[0].split(': ', 1)[1]}") \
+            from None
 
 
 def remove_file(path):
@@ -354,7 +357,7 @@ def exclusive(folder, what):
     created = not exists(folder)
     makedirs(folder)
     try:
-        with _locked(folder, what):
+        with _locked(join(folder, LOCK), what):
             yield
     finally:
         if created and not listdir(folder):
@@ -363,8 +366,8 @@ def exclusive(folder, what):
 
 
 @contextlib.contextmanager
-def _locked(folder, what):
-    path = join(folder, LOCK)
+def _locked(path, what):
+    """Hold the lock file `path` (see `exclusive`)."""
     if not is_local(path):
         with reporting(path):
             if gfile.exists(path):
@@ -414,23 +417,28 @@ def _flock(path, what):
 @contextlib.contextmanager
 def staged_folder(output, what, last=None):
     """Write the new folder `output` whole: the block writes into the staging folder it is
-    given, `.<name>.partial` beside it, which is published as `output` when the block succeeds (a
-    rename locally; on object stores a copy whose file `last` comes last, the commit).
+    given, `.<name>.partial` beside it, which is published as `output` when the block
+    succeeds (a rename locally; on object stores a copy whose file `last` comes last, the
+    commit).
 
-    One writer at a time (the staging folder's lock, `exclusive`); an `output` that exists
-    and is not empty is refused before anything is written; the staging folder that an
-    interrupted run left (it holds the lock file) is cleared and written again, so the same
-    command after any interruption completes, and a partial output never appears under
-    `output`. A failed block leaves nothing behind."""
+    One writer at a time (the lock file `.<name>.lock` beside it, see `exclusive`); an
+    `output` that exists and is not empty is refused before anything is written; the
+    staging folder that an interrupted run left (with its lock file) is cleared and written
+    again, so the same command after any interruption completes, and a partial output never
+    appears under `output`. A failed block leaves nothing behind."""
     output = output.rstrip("/")
-    staging = join(dirname(output) or ".", f".{basename(output)}.partial")  # (no prefix of `output`)
-    if listdir(staging) and LOCK not in listdir(staging):
+    parent = dirname(output) or "."
+    staging = join(parent, f".{basename(output)}.partial")  # (not a prefix of `output`)
+    lock = join(parent, f".{basename(output)}.lock")
+    if exists(staging) and not exists(lock):
         raise StorageError(f"{staging} exists and was not made by txl_keras; move it away and run again.")
+    makedirs(parent)
     published = False
-    with exclusive(staging, f"{what} ({output})"):
+    with _locked(lock, f"{what} ({output})"):
         if listdir(output):
             raise FileExistsError(f"{output} is not empty; choose a new folder (nothing is overwritten).")
         _clear(staging)
+        makedirs(staging)
         try:
             yield staging
             _publish(staging, output, last)
@@ -438,35 +446,24 @@ def staged_folder(output, what, last=None):
         finally:
             if not published:
                 _clear(staging)
-    if not published or exists(staging):
-        with contextlib.suppress(OSError, StorageError):
-            remove_folder(staging, ())
 
 
 def _clear(folder):
-    """Delete everything in a staging folder of ours but its lock."""
-    for name in listdir(folder):
-        if name != LOCK:
-            path = join(folder, name)
-            with reporting(path):
-                if gfile.isdir(path):
-                    gfile.rmtree(path)
-                else:
-                    gfile.remove(path)
+    """Delete a staging folder of ours (its lock beside it proves whose it is)."""
+    with reporting(folder):
+        if gfile.exists(folder):
+            gfile.rmtree(folder)
 
 
 def _publish(staging, output, last):
     if is_local(output):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(join(staging, LOCK))  # (the lock stays held through its open handle)
         try:
             os.replace(staging, output)  # onto a missing or empty folder only
         except OSError as e:
             raise storage_error(output, e) from None
         fsync_dir(dirname(os.path.abspath(output)))
         return
-    names = [os.path.relpath(os.path.join(d, f), staging) for d, _, found in walk(staging) for f in found
-             if f != LOCK]
+    names = [os.path.relpath(os.path.join(d, f), staging) for d, _, found in walk(staging) for f in found]
     for name in sorted(names, key=lambda n: n == last):
         target = join(output, name.replace(os.sep, "/"))
         makedirs(dirname(target))

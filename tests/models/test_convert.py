@@ -11,6 +11,7 @@ from conftest import to_np
 
 import reference
 from original_formats import CASES, DH, DI, D, H, L, tf_arrays, write_cache_pkl, write_tf_checkpoint
+from txl_keras import TransformerXLConfig
 from txl_keras.convert import ConversionError, from_pytorch_state_dict, from_tf_checkpoint, load_cache_vocab
 
 pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TF checkpoints")
@@ -89,6 +90,28 @@ def test_wrong_config_and_missing_files_are_explained(tmp_path):
         from_tf_checkpoint(prefix, tgt_len=3, mem_len=4, d_inner=DI + 2)
     with pytest.raises(ConversionError, match="Cannot read a TF checkpoint"):
         from_tf_checkpoint(str(tmp_path / "nothing.ckpt"))
+    partial = {k: v for k, v in arrays.items() if not k.endswith("layer_0/ff/layer_1/kernel")}
+    with pytest.raises(ConversionError, match="not a complete Transformer-XL checkpoint: 'layer_0/ff/layer_1/kernel'"):
+        from_tf_checkpoint(write_tf_checkpoint(str(tmp_path / "partial.ckpt"), partial))
+    flat = {**arrays, "transformer/r_w_bias": arrays["transformer/r_w_bias"].reshape(-1)}
+    with pytest.raises(ConversionError, match=r"r_w_bias has shape \(16,\)"):
+        from_tf_checkpoint(write_tf_checkpoint(str(tmp_path / "flat.ckpt"), flat))
+    config = TransformerXLConfig.from_preset("tiny")
+    for state_dict in ({}, [1, 2], {"word_emb.emb_layers.0.weight": np.zeros((4, 2))}):
+        with pytest.raises(ConversionError, match="state dict"):
+            from_pytorch_state_dict(state_dict, config)
+
+
+def test_a_cache_pkl_that_is_not_a_vocabulary_is_explained(tmp_path):
+    import pickle
+
+    with open(tmp_path / "list.pkl", "wb") as f:
+        pickle.dump(["a", "b"], f, protocol=2)
+    with pytest.raises(ConversionError, match="holds a list, not the original Corpus or Vocab"):
+        load_cache_vocab(str(tmp_path / "list.pkl"))
+    write_cache_pkl(str(tmp_path / "bad_unk.pkl"), ["<eos>", "a", "<unk>"], unk_idx=9)
+    with pytest.raises(ConversionError, match="by id 9, outside its 3 symbols"):
+        load_cache_vocab(str(tmp_path / "bad_unk.pkl"))
 
 
 @pytest.mark.parametrize("naming", ["original", "huggingface"])

@@ -76,3 +76,77 @@ def test_a_model_fresh_from_its_config_is_built_and_exported(tmp_path):
     out = loaded.score(tokens, tokens, state["memory_valid"], *[state[f"mem_{i}"] for i in range(2)])
     direct = model(np.array([[1, 2, 3]], "int32"), targets=np.array([[1, 2, 3]], "int32"))["nll"]
     np.testing.assert_allclose(out["nll"].numpy(), to_np(direct), atol=1e-5)
+
+
+SERVER = r"""
+import sys, json
+sys.modules["txl_keras"] = None  # a server without txl_keras: text in, ids, memory, text out
+sys.modules["tf_records"] = None
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+out = {"ids": loaded.encode(tf.constant("alpha gamma beta"))["ids"].numpy().tolist()}
+out["settings"] = json.loads(loaded.vocabulary()["settings"].numpy())
+state = loaded.initial_memory(batch_size=tf.constant(1))
+ids = tf.constant([out["ids"]], tf.int32)
+step = loaded.next_log_probs(tokens=ids, memory_valid=state["memory_valid"],
+                             **{f"mem_{i}": state[f"mem_{i}"] for i in range(2)})  # the signatures' names
+out["log_probs_shape"] = step["log_probs"].shape.as_list()
+nxt = int(tf.argmax(step["log_probs"][0]))
+out["text"] = loaded.decode(tf.constant(out["ids"] + [nxt]))["text"].numpy().decode()
+errors = []
+for tokens, valid in (([[1, 500]], state["memory_valid"]), ([[1, 2]], tf.constant(-5)), ([[1, 2]], tf.constant(99))):
+    try:
+        loaded.score(tf.constant(tokens), tf.constant([[1, 2]]), valid, *[state[f"mem_{i}"] for i in range(2)])
+        errors.append("none")
+    except tf.errors.InvalidArgumentError as e:
+        errors.append(e.message.split("assertion failed: [")[1].split("] [")[0].strip().rstrip("."))
+out["errors"] = errors
+print(json.dumps(out))
+"""
+
+
+def test_a_saved_model_with_its_vocabulary_serves_text_without_txl_keras(tmp_path):
+    from tf_records.vocabulary import Vocabulary
+    from txl_keras.export import export_saved_model
+
+    model = model_of()  # n_token 40
+    symbols = ["<eos>", "<unk>", "alpha", "beta", "gamma"] + [f"w{i}" for i in range(35)]
+    vocab = Vocabulary(symbols, level="word", add_eos=True, unk_symbol="<unk>")
+    with pytest.raises(ValueError, match="The vocabulary has 5 symbols but the model has n_token=40"):
+        export_saved_model(model, str(tmp_path / "wrong"), Vocabulary(symbols[:5], level="word"))
+    assert not os.path.exists(tmp_path / "wrong")
+    export_saved_model(model, str(tmp_path / "exported"), vocab)
+    assert Vocabulary.load(str(tmp_path / "exported" / "assets" / "vocab.json")).symbols == symbols
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    result = subprocess.run([sys.executable, "-c", SERVER, str(tmp_path / "exported")], capture_output=True,
+                            text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    assert served["ids"] == [2, 4, 3] and served["settings"]["level"] == "word"
+    assert served["log_probs_shape"] == [1, 40]
+    want = int(np.argmax(to_np(model(np.array([[2, 4, 3]], "int32"), return_log_probs=True)["log_probs"])[0, -1]))
+    assert served["text"] == "alpha gamma beta " + symbols[want]
+    assert served["errors"] == ["`tokens` must hold token ids in [0, n_token=40)",
+                                "`memory_valid` must be in [0, mem_len=6]", "`memory_valid` must be in [0, mem_len=6]"]
+
+
+@pytest.mark.parametrize("level,text", [("char", "héllo"), ("byte", "héllo")])
+def test_the_text_signatures_follow_the_vocabularys_rules(tmp_path, level, text):
+    import tensorflow as tf
+
+    from tf_records.vocabulary import Vocabulary
+    from txl_keras.export import export_saved_model
+
+    model = model_of()
+    if level == "char":
+        symbols = list("hélo ") + [f"c{i}" for i in range(35)]
+    else:
+        symbols = [str(b) for b in sorted(set(text.encode()))]
+        symbols += [f"b{i}" for i in range(40 - len(symbols))]
+    vocab = Vocabulary(symbols, level=level)
+    export_saved_model(model, str(tmp_path / "exported"), vocab)
+    loaded = tf.saved_model.load(str(tmp_path / "exported"))
+    ids = loaded.encode(tf.constant(text))["ids"].numpy().tolist()
+    assert ids == vocab.encode_prompt(text).tolist()
+    assert loaded.decode(tf.constant(ids))["text"].numpy().decode() == vocab.decode(ids) == text

@@ -280,6 +280,16 @@ def test_bad_inputs_get_clear_errors():
     stateful = TransformerXLLM(cfg, stateful=True, batch_size=2)
     with pytest.raises(ValueError, match="stateful"):
         stateful(x, mems=mems)
+    with pytest.raises(ValueError, match="keeps the memory of batch_size=2 streams; received tokens of 3 streams"):
+        stateful(tokens(cfg, 3, 5))
+    for valid in (-7, 6):  # mems of 5 slots (the first segment's)
+        with pytest.raises(ValueError, match=r"Expected `memory_valid` to be an integer in \[0, 5\]"):
+            model(x, mems=mems, memory_valid=valid)
+    cache = model.init_cache(2)
+    with pytest.raises(ValueError, match=r"Expected `cache.valid` to be an integer in \[0, 6\]"):
+        model.call_with_cache(x, cache._replace(valid=np.int32(-5)))
+    # nested Python lists are token ids too
+    np.testing.assert_allclose(to_np(model(x.tolist(), targets=x.tolist())["nll"]), to_np(model(x, targets=x)["nll"]))
 
 
 def test_fit_learns_from_context_only_the_memory_holds():

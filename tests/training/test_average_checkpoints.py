@@ -25,3 +25,16 @@ def test_average_of_checkpoints_is_the_mean_of_their_weights(tmp_path):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(got), (a + b) / 2, rtol=1e-6)
     with pytest.raises(ValueError, match="No checkpoint"):
         average_weights([], str(tmp_path / "none.weights.h5"))
+
+
+def test_checkpoints_of_two_models_are_named_and_an_output_is_never_overwritten(tmp_path):
+    for name, d_model in (("a", 16), ("b", 24)):
+        model = TransformerXLLM(TransformerXLConfig.from_preset("tiny", d_model=d_model))
+        save_checkpoint(str(tmp_path / name), 1, model, None)
+    paths = [str(tmp_path / "a" / "ckpt-00000001"), str(tmp_path / "b" / "ckpt-00000001")]
+    with pytest.raises(ValueError, match=r"b/ckpt-00000001 holds .* of shape .* checkpoints of two models"):
+        average_weights(paths, str(tmp_path / "avg.weights.h5"))
+    assert not (tmp_path / "avg.weights.h5").exists()
+    average_weights(paths[:1], str(tmp_path / "avg.weights.h5"))
+    with pytest.raises(FileExistsError, match="avg.weights.h5 exists; nothing was overwritten"):
+        average_weights(paths[:1], str(tmp_path / "avg.weights.h5"))

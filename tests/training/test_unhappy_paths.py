@@ -3,6 +3,7 @@ exit 2 for usage and 1 for a failure, no traceback, and every artefact that exis
 before (records, vocabulary, config.json, checkpoints) byte-identical afterwards."""
 
 import concurrent.futures
+import importlib.util
 import json
 import os
 import shutil
@@ -49,7 +50,30 @@ def world(tmp_path_factory):
         json.dump({**config, "same_length": "false"}, f)
     Vocabulary(["<eos>", "<unk>", "alpha", "beta"], level="word", add_eos=True, unk_symbol="<unk>").save(
         str(root / "words.json"))
+    original_weights(root)
     return root
+
+
+def original_weights(root):
+    """Files in the original release's formats, some of them damaged or mismatched."""
+    import pickle
+
+    from original_formats import CASES as ORIGINAL, tf_arrays, write_cache_pkl, write_tf_checkpoint
+
+    n_token, cutoffs, div_val, d_embed, untie_r, share, same = ORIGINAL["enwik8"]
+    arrays, _ = tf_arrays(np.random.default_rng(0), n_token, cutoffs, div_val, d_embed, untie_r, share, same)
+    os.makedirs(root / "original")
+    write_tf_checkpoint(str(root / "original" / "model.ckpt-0"), arrays)
+    missing = {k: v for k, v in arrays.items() if not k.endswith("layer_0/ff/layer_1/kernel")}
+    write_tf_checkpoint(str(root / "original" / "missing.ckpt-0"), missing)
+    flat = {**arrays, "transformer/r_w_bias": arrays["transformer/r_w_bias"].reshape(-1)}
+    write_tf_checkpoint(str(root / "original" / "flat_bias.ckpt-0"), flat)
+    write_cache_pkl(str(root / "original" / "cache10.pkl"), [f"s{i}" for i in range(9)] + ["<unk>"])
+    with open(root / "original" / "list.pkl", "wb") as f:
+        pickle.dump(["a", "b"], f, protocol=2)
+    with open(root / "config.json", "w") as f:
+        f.write(TransformerXLConfig.from_preset("tiny", n_token=n_token).to_json())
+    open(root / "original" / "state_dict.pt", "wb").close()
 
 
 def error_line(result):
@@ -101,9 +125,35 @@ CASES = [
                                                    "--text={root}/latin1.txt", "--vocab={root}/records/vocab.json",
                                                    "--encoding=latin-1", "--records_dir={root}/other"],
      1, "is not in the vocabulary and it has no unknown symbol"),
+    # 4. files that do not belong together, or are damaged
+    ("empty model_dir", [TRAIN, "--model_dir="], 1, "must not be empty"),
+    ("a model the machine cannot hold", [TRAIN, "--model_dir={root}/big", "--d_model=100000000"], 1,
+     "--check_memory=false"),
+    ("records of another layout, first attempt", [TRAIN, "--model_dir={root}/fresh", "--train_batch_size=3"], 1,
+     "were built for another layout"),
+    ("vocabulary of another size", GEN + ["--vocab={root}/words.json"], 1,
+     "words.json has 4 symbols but the model has n_token="),
+    ("cache.pkl of another size", [PY, "-m", "txl_keras.convert", "--tf_checkpoint={root}/original/model.ckpt-0",
+                                   "--cache_pkl={root}/original/cache10.pkl", "--output={root}/converted"],
+     1, "The vocabulary has 10 symbols but the weights have n_token=20"),
+    ("checkpoint missing a variable", [PY, "-m", "txl_keras.convert",
+                                       "--tf_checkpoint={root}/original/missing.ckpt-0", "--output={root}/converted"],
+     1, "layer_0/ff/layer_1/kernel"),
+    ("one-dimensional r_w_bias", [PY, "-m", "txl_keras.convert", "--tf_checkpoint={root}/original/flat_bias.ckpt-0",
+                                  "--output={root}/converted"], 1, "r_w_bias has shape (8,)"),
+    ("cache.pkl holding a list", [PY, "-m", "txl_keras.convert", "--tf_checkpoint={root}/original/model.ckpt-0",
+                                  "--cache_pkl={root}/original/list.pkl", "--output={root}/converted"],
+     1, "holds a list, not the original Corpus or Vocab"),
     ("average onto an existing file", [PY, "-m", "txl_keras.training.average_checkpoints", "--model_dir={root}/run",
                                        "--output={root}/run/config.json"], 2, "exists; pass another --output"),
 ]
+
+
+if importlib.util.find_spec("torch") is None:  # (where PyTorch is installed the program reads the file)
+    CASES.append(("a state dict without torch", [PY, "-m", "txl_keras.convert",
+                                                 "--pytorch_state_dict={root}/original/state_dict.pt",
+                                                 "--config_json={root}/config.json", "--output={root}/converted"],
+                  1, "needs PyTorch"))
 
 
 def command(case, root):

@@ -211,13 +211,17 @@ def _numpy(value):
 
 def pytorch_to_canonical(state_dict):
     """Rename (and transpose) a PyTorch MemTransformerLM / HF `transfo-xl` state dict."""
-    if not hasattr(state_dict, "items") or not state_dict:
-        raise ConversionError("The state dict is empty or not a mapping of names to tensors; pass the "
-                              "state_dict() of a Transformer-XL model.")
+    _check_state_dict(state_dict)
     try:
         return _canonical_names(state_dict)
     except KeyError as e:
         raise ConversionError(f"The state dict is not a complete Transformer-XL one: {e} is missing.") from None
+
+
+def _check_state_dict(state_dict):
+    if not hasattr(state_dict, "items") or not state_dict or not all(isinstance(k, str) for k in state_dict):
+        raise ConversionError("The state dict is empty or not a mapping of names to tensors; pass the "
+                              "state_dict() of a Transformer-XL model.")
 
 
 def _canonical_names(state_dict):
@@ -292,6 +296,7 @@ def from_pytorch_state_dict(state_dict, config, strict=True, **quirks):
     pass `mem_init=`, `same_length_convention=`, `cluster_order=` or `layer_norm_epsilon=`
     to override one explicitly. Keys left over are an error with `strict`.
     """
+    _check_state_dict(state_dict)
     unknown = sorted(set(quirks) - set(PT_QUIRKS))
     if unknown:
         raise ConversionError(f"Unknown quirk overrides {unknown}; expected some of {sorted(PT_QUIRKS)}.")

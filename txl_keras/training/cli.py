@@ -184,6 +184,7 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         return evaluate_checkpoints(trainer, log)
     if not FLAGS.do_train:  # evaluation never writes into the run folder
         return evaluate(trainer, tc, log)
+    trainer.train_records()  # records of another layout: refused before the run folder is written
     with run_folder.lock(trainer.worker_dir()):
         if is_chief:
             run_folder.claim(tc.model_dir, config)

@@ -289,9 +289,14 @@ class Trainer:
                                     skip=start)
         return iter(self.strategy.distribute_datasets_from_function(fn))
 
+    def train_records(self):
+        """The record info of the training split, checked against this run's layout."""
+        return load_record_info(self.tc.records_dir, "train", self.tc.train_batch_size, self.config.tgt_len,
+                                self.num_hosts)
+
     def train(self):
         tc = self.tc
-        info = load_record_info(tc.records_dir, "train", tc.train_batch_size, self.config.tgt_len, self.num_hosts)
+        info = self.train_records()
         if not self._started:
             self.restore_or_warm_start()
         if self._iterator is None or self._iterator[0] != int(self.step.numpy()):
