@@ -6,6 +6,7 @@ Flags mirror the original `data_utils.py`. Examples:
         --per_host_train_bsz=24 --num_core_per_host=4
     python -m tf_records --dataset=text --text='notes/**/*.md' --level=word
     python -m tf_records --dataset=tfds:tiny_shakespeare --level=char
+    python -m tf_records --pretrained=transfo_xl_wt103 --data_dir=raw/wt103   # a released model's test records
 """
 
 import codecs
@@ -43,13 +44,38 @@ flags.DEFINE_integer("max_bytes", None, "text/stdlib: read at most this many cha
 flags.DEFINE_string("tfds_data_dir", None, "tfds:NAME: where the dataset is prepared.")
 flags.DEFINE_string("vocab", None, "Encode with this vocab.json (e.g. of converted pretrained weights) "
                     "instead of counting one (every dataset; its level is the vocabulary's).")
+flags.DEFINE_string("pretrained", None, "A released model (transfo_xl_wt103, transfo_xl_enwik8, transfo_xl_text8, "
+                    "transfo_xl_lm1b) or a run folder: encode with its vocabulary (a released one's is downloaded "
+                    "if needed). For a released model the defaults become its corpus (--dataset), the test "
+                    "split at the paper's evaluation settings (--tgt_len, --per_host_valid_bsz=16) and "
+                    "--records_dir=data/<name>, where train_gpu.py --pretrained looks.")
 flags.DEFINE_string("encoding", "utf-8", "text: the files' encoding at char and word level (decoded strictly; "
                     "byte level reads raw bytes).")
+
+
+def pretrained_defaults():
+    """The vocabulary of --pretrained, and its release's defaults for the flags not given."""
+    from tf_records import releases
+    from tf_records.vocabulary import Vocabulary
+
+    name = FLAGS.pretrained
+    if name not in releases.RELEASES:
+        return Vocabulary.load(os.path.join(name, "vocab.json"))
+    release = releases.RELEASES[name]
+    defaults = {"dataset": release.dataset, "tgt_len": release.tgt_len, "splits": ["test"],
+                "per_host_valid_bsz": 16, "records_dir": os.path.join("data", name)}
+    for flag, value in defaults.items():
+        if not FLAGS[flag].present:
+            FLAGS[flag].value = value
+    return releases.release_vocabulary(name)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if FLAGS.pretrained and FLAGS.vocab:
+        raise app.UsageError("Give --pretrained or --vocab, not both (--pretrained encodes with its vocabulary).")
+    given_vocab = pretrained_defaults() if FLAGS.pretrained else None
     try:
         codecs.lookup(FLAGS.encoding)
     except LookupError:
@@ -71,7 +97,9 @@ def main(argv):
     if FLAGS.vocab:
         from tf_records.vocabulary import Vocabulary
 
-        options["vocab"] = Vocabulary.load(FLAGS.vocab)
+        given_vocab = Vocabulary.load(FLAGS.vocab)
+    if given_vocab is not None:
+        options["vocab"] = given_vocab
     build_records(
         FLAGS.dataset,
         records_dir=FLAGS.records_dir,

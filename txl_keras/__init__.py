@@ -3,7 +3,8 @@
 `import txl_keras` loads the layers and models; the rest is reached lazily on first use:
 `txl_keras.training`, `txl_keras.export` / `txl_keras.export_saved_model`,
 `txl_keras.generate` (the module; `txl_keras.generate.generate` the function),
-`txl_keras.convert`, `txl_keras.run_folder`.
+`txl_keras.convert`, `txl_keras.run_folder`, `txl_keras.pretrained` (the paper's released
+models), `txl_keras.TextModel` (text in, text out).
 
 Importing it calls `txl_keras.tf_backend.install()`: TensorFlow's BFC CPU allocator is
 selected (unless the environment sets `TF_CPU_ALLOCATOR_USE_BFC`), and on the TensorFlow
@@ -21,8 +22,8 @@ from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, Transf
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("convert", "export", "generate", "run_folder", "training")
-_LAZY_NAMES = {"export_saved_model": "export", "load_trained_model": "run_folder"}
+_LAZY_MODULES = ("convert", "export", "generate", "pretrained", "run_folder", "text", "training")
+_LAZY_NAMES = {"export_saved_model": "export", "load_trained_model": "run_folder", "TextModel": "text"}
 
 __all__ = ["PRESETS", "TransformerXL", "TransformerXLConfig", "TransformerXLLM", "kernels", "layers",
            *_LAZY_MODULES, *_LAZY_NAMES]

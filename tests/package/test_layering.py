@@ -25,6 +25,8 @@ FORBIDDEN = {
     "txl_keras.export": ["txl_keras.training", "txl_keras.generate", "txl_keras.convert"],
     "txl_keras.generate": ["txl_keras.training", "txl_keras.export", "txl_keras.convert"],
     "txl_keras.convert": ["txl_keras.training", "txl_keras.export", "txl_keras.generate"],
+    "txl_keras.pretrained": ["txl_keras.training", "txl_keras.export", "txl_keras.generate"],
+    "txl_keras.text": ["txl_keras.training", "txl_keras.export"],
 }
 
 

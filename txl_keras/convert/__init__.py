@@ -14,15 +14,16 @@ quirks are selected by config fields: TF checkpoints get `mem_init="zeros"`,
 PyTorch state dicts those of the code that wrote them (told by the key names).
 """
 
-import io
+import collections.abc
 import json
 import logging
-import pickle
 import re
+import types
 
 import numpy as np
 
 from tf_records import files
+from tf_records.original import ConversionError, load_cache_vocab  # noqa: F401 (part of this module's API)
 
 from txl_keras.models.config import TransformerXLConfig
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
@@ -36,8 +37,6 @@ HF_QUIRKS = dict(mem_init="zeros", same_length_convention="pytorch", cluster_ord
                  layer_norm_epsilon=1e-5)
 
 
-class ConversionError(ValueError):
-    pass
 
 
 # -- assignment into a model, shared by both sources ------------------------------------------
@@ -99,13 +98,13 @@ def _assign(model, arrays, source):
             "(div_val, proj_share_all_but_first, proj_same_dim, untie_r, cutoffs, d_embed)."
         )
     for name, variable in targets.items():
-        value = np.asarray(arrays[name])
+        value = np.asarray(arrays[name])  # (read here: one array at a time)
         if tuple(value.shape) != tuple(variable.shape):
             raise ConversionError(
                 f"{source}: {name} has shape {tuple(value.shape)} but the config needs "
                 f"{tuple(variable.shape)}; the checkpoint was trained with another config."
             )
-        variable.assign(value.astype(variable.dtype))
+        variable.assign(value.astype(variable.dtype, copy=False))
 
 
 # -- structure from shapes ---------------------------------------------------------------------
@@ -163,8 +162,27 @@ def _config_from_shapes(arrays, overrides):
 # -- TensorFlow checkpoints ----------------------------------------------------------------------
 
 
+class CheckpointArrays(collections.abc.Mapping):
+    """`{canonical name: array}` of a TF checkpoint, each array read when it is asked for
+    (converting the largest released model then takes about its size once, in the model)."""
+
+    def __init__(self, reader, names):
+        self._reader, self._names = reader, names  # canonical name -> name in the checkpoint
+        shapes = reader.get_variable_to_shape_map()
+        self.shapes = {k: types.SimpleNamespace(shape=tuple(shapes[v])) for k, v in names.items()}
+
+    def __getitem__(self, name):
+        return self._reader.get_tensor(self._names[name])
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+
 def read_tf_checkpoint(path):
-    """`{canonical name: array}` of a TF checkpoint (optimizer slots dropped) and the
+    """The arrays of a TF checkpoint (`CheckpointArrays`, optimizer slots dropped) and the
     list of names dropped."""
     import tensorflow as tf
 
@@ -172,15 +190,15 @@ def read_tf_checkpoint(path):
         reader = tf.train.load_checkpoint(path)
     except Exception as e:  # NotFoundError, DataLossError
         raise ConversionError(f"Cannot read a TF checkpoint at {path}: {str(e).splitlines()[0]}") from None
-    arrays, dropped = {}, []
+    names, dropped = {}, []
     for name in reader.get_variable_to_shape_map():
         if name.endswith(OPTIMIZER_SUFFIXES) or name in OPTIMIZER_NAMES:
             dropped.append(name)
             continue
         if not name.startswith("transformer/"):
             raise ConversionError(f"Unexpected variable {name!r} in {path}: not under transformer/.")
-        arrays[name[len("transformer/"):]] = reader.get_tensor(name)
-    return arrays, dropped
+        names[name[len("transformer/"):]] = name
+    return CheckpointArrays(reader, names), dropped
 
 
 def from_tf_checkpoint(path, config=None, **overrides):
@@ -194,7 +212,7 @@ def from_tf_checkpoint(path, config=None, **overrides):
     if dropped:
         logging.getLogger(__name__).info("%s: dropped %d optimizer variables (%s ...)", path, len(dropped), dropped[0])
     if config is None:
-        config = _infer_config(arrays, {**TF_QUIRKS, **overrides})
+        config = _infer_config(arrays.shapes, {**TF_QUIRKS, **overrides})
     model = TransformerXLLM(config)
     _assign(model, arrays, f"TF checkpoint {path}")
     return model
@@ -315,77 +333,6 @@ def from_pytorch_state_dict(state_dict, config, strict=True, **quirks):
     model = TransformerXLLM(config)
     _assign(model, arrays, "PyTorch state dict")
     return model
-
-
-# -- the cache.pkl vocabulary, without running pickled code ------------------------------------------
-
-
-class _Plain:
-    """Stand-in for every class a cache.pkl names: it only records data."""
-
-    def __init__(self, *args, **kwargs):
-        self.args, self.state, self.items = args, {}, {}
-
-    def __setstate__(self, state):
-        self.state = state if isinstance(state, dict) else {"state": state}
-
-    def __setitem__(self, key, value):
-        self.items[key] = value
-
-    def append(self, value):
-        self.items[len(self.items)] = value
-
-    def extend(self, values):
-        for value in values:
-            self.append(value)
-
-
-_ALLOWED = {
-    ("vocabulary", "Vocab"), ("utils.vocabulary", "Vocab"), ("data_utils", "Corpus"),
-    ("collections", "Counter"), ("collections", "OrderedDict"), ("collections", "defaultdict"),
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("copy_reg", "_reconstructor"), ("copyreg", "_reconstructor"),
-    ("__builtin__", "object"), ("builtins", "object"), ("_codecs", "encode"),
-}
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) in _ALLOWED or name in ("Vocab", "Corpus"):
-            return _Plain
-        raise pickle.UnpicklingError(
-            f"cache.pkl refers to {module}.{name}, which a vocabulary never needs; refusing to load it."
-        )
-
-
-def load_cache_vocab(path):
-    """The Vocabulary inside an original `cache.pkl` (or HF `vocab.pkl`), read as data only."""
-    from tf_records.vocabulary import Vocabulary
-
-    with io.BytesIO(files.read_bytes(path)) as f:
-        try:
-            obj = _RestrictedUnpickler(f, encoding="latin1").load()
-        except (pickle.UnpicklingError, EOFError) as e:
-            raise ConversionError(f"Cannot read the vocabulary in {path}: {e}") from None
-    state = obj.state if isinstance(obj, _Plain) else obj
-    if not isinstance(state, dict):
-        raise ConversionError(f"{path} holds a {type(state).__name__}, not the original Corpus or Vocab.")
-    dataset = state.get("dataset")
-    vocab = state.get("vocab", obj)
-    vstate = vocab.state if isinstance(vocab, _Plain) else vocab
-    symbols = vstate.get("idx2sym") if isinstance(vstate, dict) else None
-    if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
-        raise ConversionError(f"{path} holds no idx2sym list of symbols.")
-    unk_idx = vstate.get("unk_idx")
-    if isinstance(unk_idx, int) and not 0 <= unk_idx < len(symbols):
-        raise ConversionError(f"{path} names the unknown symbol by id {unk_idx}, outside its {len(symbols)} symbols.")
-    unk = symbols[unk_idx] if isinstance(unk_idx, int) else None
-    if dataset == "enwik8":
-        return Vocabulary(symbols, level="byte", lower_case=True), dataset
-    if dataset == "text8":
-        return Vocabulary(symbols, level="char", lower_case=True), dataset
-    return Vocabulary(symbols, lower_case=bool(vstate.get("lower_case", False)),
-                      add_eos=dataset != "lm1b", add_double_eos=dataset == "lm1b", unk_symbol=unk), dataset
 
 
 # -- the converted run folder -------------------------------------------------------------------------

@@ -21,10 +21,10 @@ from txl_keras.generate.samplers import (GreedySampler, Sampler, TemperatureSamp
                                          TopPSampler, sampler_from)
 
 __all__ = ["GreedySampler", "Sampler", "TemperatureSampler", "TopKSampler", "TopPSampler", "generate",
-           "sampler_from"]
+           "sampler_from", "score"]
 
 BUILT_IN_SAMPLERS = (GreedySampler, TemperatureSampler, TopKSampler, TopPSampler)
-_COMPILED = weakref.WeakKeyDictionary()  # model -> {generation settings: (feed, decode, project)}
+_COMPILED = weakref.WeakKeyDictionary()  # model -> {generation or scoring settings: compiled steps}
 
 
 def compile_for_backend(model, fn):
@@ -140,3 +140,41 @@ def _compiled_steps(model, settings, sampler, max_new_tokens, stop):
         return ops.while_loop(cond, body, start)[3]
 
     return compile_for_backend(compile_model, feed), compile_for_backend(compile_model, decode)
+
+
+def score(model, ids, mem_len=None, clamp_len=None, same_length=None, segment_length=None):
+    """The NLL (nats) of each token of `ids` (int `(batch, L)`, L >= 2) but the first,
+    given the tokens before it: float32 numpy `(batch, L - 1)`. The text goes through the
+    memory in segments of `segment_length` (default the config's `tgt_len`) with the
+    memory settings (default the config's), as evaluation scores a stream."""
+    config = model.config
+    ids = _check_prompt(ids, config.n_token)
+    if ids.shape[1] < 2:
+        raise ValueError(f"Expected at least 2 tokens to score (the first is only context). Received {ids.shape[1]}")
+    length = _check_count("segment_length", segment_length or config.tgt_len, 1)
+    settings = config.with_memory(mem_len, clamp_len, same_length)
+    compiled = _COMPILED.setdefault(model, {})
+    key = ("score", settings.to_json())
+    if key not in compiled:
+        compiled[key] = _compiled_scorer(model, settings)
+    step = compiled[key]
+    cache = model.init_cache(ids.shape[0], settings.mem_len, settings.clamp_len, segment_length=length)
+    nll = []
+    for start in range(0, ids.shape[1] - 1, length):
+        end = min(start + length, ids.shape[1] - 1)
+        out, cache = step(ops.convert_to_tensor(ids[:, start:end]), ops.convert_to_tensor(ids[:, start + 1:end + 1]),
+                          cache)
+        nll.append(ops.convert_to_numpy(out))
+    return np.concatenate(nll, axis=1).astype("float32")
+
+
+def _compiled_scorer(model, settings):
+    """`step(tokens, targets, cache) -> (nll, cache)`, compiled for the backend."""
+    compile_model, model = model, weakref.proxy(model)
+    memory = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
+
+    def step(tokens, targets, cache):
+        out, cache = model.call_with_cache(tokens, cache, targets=targets, **memory)
+        return out["nll"], cache
+
+    return compile_for_backend(compile_model, step)

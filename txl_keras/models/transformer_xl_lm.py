@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
+from txl_keras.models.config import PRESETS, TransformerXLConfig
 from txl_keras.models.transformer_xl import TransformerXL, as_config, as_ids, initializers
 
 
@@ -108,6 +109,19 @@ class TransformerXLLM(keras.Model):
 
     def __call__(self, tokens, *args, targets=None, **kwargs):
         return super().__call__(as_ids(tokens), *args, targets=as_ids(targets), **kwargs)
+
+    @classmethod
+    def from_preset(cls, preset, url=None, cache_dir=None, **kwargs):
+        """A model of `preset`: an architecture preset (`PRESETS`: random weights), a released
+        model (`txl_keras.pretrained.RELEASES`, e.g. "transfo_xl_wt103": downloaded, converted
+        and cached on first use, with the paper's evaluation settings), or the path of a run
+        folder, a converted folder or a local folder in the release layout (its weights).
+        `url` and `cache_dir`: see `txl_keras.pretrained`."""
+        if preset in PRESETS:
+            return cls(TransformerXLConfig.from_preset(preset), **kwargs)
+        from txl_keras import pretrained
+
+        return pretrained.load(preset, url=url, cache_dir=cache_dir, **kwargs)
 
     def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
         """An `InferenceCache` of an empty memory (see `TransformerXL.init_cache`)."""

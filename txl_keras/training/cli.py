@@ -10,6 +10,7 @@ given on the command line override it. Unknown or misspelt flags are an error.
 
 import dataclasses
 import json
+import os
 import sys
 
 from absl import flags
@@ -55,6 +56,11 @@ def define_flags():
     flags.DEFINE_string("eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).")
     flags.DEFINE_integer("start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.",
                          lower_bound=0)
+    flags.DEFINE_string("pretrained", None, "Evaluate a released model (transfo_xl_wt103, transfo_xl_enwik8, "
+                        "transfo_xl_text8, transfo_xl_lm1b: downloaded and converted on first use) or a converted "
+                        "folder at its paper settings: --config, --model_dir and the checkpoint are its, "
+                        "--do_train=false, and by default --eval_split=test, --eval_batch_size=16 and "
+                        "--data_dir=data/<name> (python -m tf_records --pretrained=<name> builds them).")
     flags.DEFINE_bool("check_memory", True, "Refuse a run whose training cannot fit this machine's memory "
                       "(estimated before the model is built; CPUs only).")
     for field in dataclasses.fields(TrainConfig):
@@ -168,6 +174,8 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     """Train and/or evaluate under `strategy`, as the flags say. Returns the eval results.
 
     `compiled=True` (train_tpu.py) compiles every step with XLA whatever --xla says."""
+    if FLAGS.pretrained:
+        use_pretrained(log)
     tc = train_config(FLAGS.data_dir or default_records_dir(_dataset()))
     check_paths(tc)
     check_model_flags()
@@ -193,6 +201,24 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         if is_chief:
             files.atomic_write(files.join(tc.model_dir, "eval_results.json"), json.dumps(results, indent=2))
     return results
+
+
+def use_pretrained(log):
+    """--pretrained: evaluate that model at the settings in its config.json (the paper's)."""
+    from txl_keras import pretrained
+
+    if FLAGS["do_train"].present and FLAGS.do_train:
+        raise ValueError("--pretrained evaluates a released model; it does not train (use --warm_start_path to "
+                         "start training from its weights).")
+    folder = pretrained.resolve(FLAGS.pretrained, log=log)
+    _, newest = run_folder.latest_checkpoint(folder)
+    defaults = {"eval_split": "test", "eval_batch_size": 16,
+                "data_dir": os.path.join("data", os.path.basename(FLAGS.pretrained.rstrip("/")))}
+    for flag, value in defaults.items():
+        if not FLAGS[flag].present:
+            FLAGS[flag].value = value
+    FLAGS.config, FLAGS.model_dir, FLAGS.eval_ckpt_path = files.join(folder, run_folder.CONFIG), folder, newest
+    FLAGS.do_train = False
 
 
 def check_paths(tc):

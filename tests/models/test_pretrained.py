@@ -1,0 +1,206 @@
+"""The paper's released models in one call, checked offline: stand-in releases (tiny
+checkpoints and vocabularies in the exact release layout, for all four names) served by a
+local HTTP server inside the test."""
+
+import functools
+import http.server
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+
+import keras
+import numpy as np
+import pytest
+from conftest import to_np
+
+from original_formats import CASES, tf_arrays, write_cache_pkl, write_tf_checkpoint
+from tf_records import releases
+from txl_keras import TransformerXLLM, TextModel
+from txl_keras.convert import from_tf_checkpoint
+
+pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TF checkpoints")
+
+WORDS = ["<eos>", "<unk>", "the", "history", "of", "a", "city", "is", "long", "and", "old"] + \
+    [f"w{i}" for i in range(19)]  # 30 words: the "wt103" case
+STAND_INS = {  # release name: (original_formats case, symbols, dataset of the cache.pkl)
+    "transfo_xl_wt103": ("wt103", WORDS, "wt103"),
+    "transfo_xl_lm1b": ("lm1b", ["<S>", "<UNK>"] + WORDS[2:], "lm1b"),
+    "transfo_xl_enwik8": ("enwik8", [str(b) for b in range(97, 117)], "enwik8"),
+    "transfo_xl_text8": ("enwik8", list("abcdefghijklmnopqrs_"), "text8"),
+}
+
+
+def write_release(root, name):
+    """Release `name`'s files as tf/sota/download.sh finds them on the server."""
+    case, symbols, dataset = STAND_INS[name]
+    release = releases.RELEASES[name]
+    n_token, cutoffs, div_val, d_embed, untie_r, share, same = CASES[case]
+    assert len(symbols) == n_token
+    folder = os.path.join(root, release.folder)
+    os.makedirs(os.path.join(folder, "model"))
+    os.makedirs(os.path.join(folder, "data"))
+    arrays, _ = tf_arrays(np.random.default_rng(len(name)), n_token, cutoffs, div_val, d_embed, untie_r, share, same)
+    write_tf_checkpoint(os.path.join(folder, "model", f"model.ckpt-{release.step}"), arrays)
+    unk = "<UNK>" if dataset == "lm1b" else "<unk>"
+    write_cache_pkl(os.path.join(folder, "data", "cache.pkl"), symbols, unk=unk if unk in symbols else symbols[0],
+                    dataset=dataset)
+    with open(os.path.join(folder, "data", "corpus-info.json"), "w") as f:
+        json.dump({"vocab_size": n_token, "cutoffs": [0] + cutoffs + [n_token], "dataset": dataset}, f)
+    assert sorted(release.files) == sorted(
+        os.path.relpath(os.path.join(d, f), folder) for d, _, found in os.walk(folder) for f in found
+        if not f.endswith(".meta"))
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    dropping = set()  # paths whose next response stops halfway (then the path is served whole)
+    always_dropping = set()
+
+    def log_message(self, *args):
+        pass
+
+    def copyfile(self, source, output):
+        path = self.path
+        if path in self.dropping or path in self.always_dropping:
+            self.dropping.discard(path)
+            data = source.read()
+            output.write(data[: len(data) // 2])
+            output.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        super().copyfile(source, output)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("server"))
+    for name in STAND_INS:
+        write_release(root, name)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def direct_model(server_root, name):
+    """The stand-in converted directly from its files at the paper's settings (no download)."""
+    release = releases.RELEASES[name]
+    return from_tf_checkpoint(os.path.join(server_root, release.folder, "model", f"model.ckpt-{release.step}"),
+                              tgt_len=release.tgt_len, mem_len=release.mem_len, clamp_len=release.clamp_len,
+                              same_length=True)
+
+
+@pytest.mark.parametrize("name", sorted(STAND_INS))
+def test_from_preset_downloads_converts_caches_and_then_loads_offline(server, tmp_path, name):
+    root, url = server
+    cache = str(tmp_path / "cache")
+    model = TransformerXLLM.from_preset(name, url=url, cache_dir=cache)
+    release = releases.RELEASES[name]
+    settings = (model.config.tgt_len, model.config.mem_len, model.config.clamp_len, model.config.same_length)
+    assert settings == (release.tgt_len, release.mem_len, release.clamp_len, True)  # the paper's evaluation
+    direct = direct_model(root, name)
+    x = np.random.default_rng(0).integers(0, model.config.n_token, (2, 9)).astype("int32")
+    np.testing.assert_array_equal(to_np(model(x, targets=x)["nll"]), to_np(direct(x, targets=x)["nll"]))
+    assert not os.path.exists(os.path.join(cache, "downloads", release.folder))  # converted, then removed
+    offline = TransformerXLLM.from_preset(name, url="http://127.0.0.1:9/nothing", cache_dir=cache)  # no server
+    np.testing.assert_array_equal(to_np(offline(x, targets=x)["nll"]), to_np(direct(x, targets=x)["nll"]))
+
+
+def test_an_interrupted_download_is_retried_and_never_cached_as_complete(server, tmp_path):
+    root, url = server
+    name = "transfo_xl_wt103"
+    data = f"/{releases.RELEASES[name].folder}/model/model.ckpt-0.data-00000-of-00001"
+    Quiet.dropping.add(data)  # the first response stops halfway; the retry gets it whole
+    model = TransformerXLLM.from_preset(name, url=url, cache_dir=str(tmp_path / "retried"))
+    x = np.arange(6, dtype="int32")[None]
+    np.testing.assert_array_equal(to_np(model(x, targets=x)["nll"]), to_np(direct_model(root, name)(x, targets=x)["nll"]))
+    Quiet.always_dropping.add(data)
+    try:
+        cache = str(tmp_path / "failing")
+        with pytest.raises(releases.DownloadError, match=f"Cannot download {url}/tf_wt103/model/model.ckpt-0.data"):
+            TransformerXLLM.from_preset(name, url=url, cache_dir=cache)
+    finally:
+        Quiet.always_dropping.discard(data)
+    download = os.path.join(cache, "downloads", "tf_wt103", "model")
+    assert os.path.exists(os.path.join(download, "model.ckpt-0.data-00000-of-00001.partial"))
+    assert not os.path.exists(os.path.join(download, "model.ckpt-0.data-00000-of-00001"))
+    assert not os.path.exists(os.path.join(cache, "pretrained", name))
+    TransformerXLLM.from_preset(name, url=url, cache_dir=cache)  # the same call completes it
+
+
+def test_an_unreachable_mirror_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(releases.URL_VARIABLE, "http://127.0.0.1:9/pretrained_xl")
+    with pytest.raises(releases.DownloadError) as error:
+        TransformerXLLM.from_preset("transfo_xl_text8", cache_dir=str(tmp_path / "cache"))
+    message = str(error.value)
+    assert "Cannot download http://127.0.0.1:9/pretrained_xl/tf_text8/" in message and "\n" not in message
+    assert releases.URL_VARIABLE in message and "local copy" in message
+    assert not os.path.exists(tmp_path / "cache" / "pretrained")
+
+
+def test_a_local_folder_in_the_release_layout_is_converted(server, tmp_path):
+    root, _ = server
+    import shutil
+
+    local = str(tmp_path / "pretrained_xl" / "tf_enwik8")  # download.sh's local name
+    shutil.copytree(os.path.join(root, "tf_enwiki8"), local)
+    model = TransformerXLLM.from_preset(local, cache_dir=str(tmp_path / "cache"))
+    assert model.config.mem_len == 3800
+    x = np.arange(5, dtype="int32")[None]
+    np.testing.assert_array_equal(to_np(model(x, targets=x)["nll"]),
+                                  to_np(direct_model(root, "transfo_xl_enwik8")(x, targets=x)["nll"]))
+
+
+def test_text_in_text_out(server, tmp_path):
+    _, url = server
+    text = TextModel.from_preset("transfo_xl_wt103", url=url, cache_dir=str(tmp_path / "cache"))
+    out = text.generate("the history of", max_new_tokens=6, temperature=0)
+    assert out.startswith("the history of ") and len(out.split()) == 9
+    scored = text.score("the history of a city\nis long and old")
+    ids = text.vocabulary.encode_text("the history of a city\nis long and old")
+    assert scored.tokens == [WORDS[i] for i in ids[1:]]
+    direct = to_np(text.model(ids[None, :-1], targets=ids[None, 1:])["nll"])[0]  # one segment: the plain call
+    np.testing.assert_allclose(scored.log_likelihoods, -direct, rtol=1e-5, atol=1e-5)
+    assert scored.perplexity == pytest.approx(math.exp(direct.mean()), rel=1e-5)
+    characters = len("the history of a city\nis long and old")
+    assert scored.bits_per_character == pytest.approx(direct.sum() / math.log(2) / characters, rel=1e-5)
+
+
+def run(command, env):
+    return subprocess.run(["timeout", "-k", "10", "300"] + command, capture_output=True, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_the_command_lines_reproduce_a_released_models_evaluation_in_two_commands(server, tmp_path):
+    """`python -m tf_records --pretrained=...` builds the test records with its vocabulary,
+    `train_gpu.py --pretrained=...` evaluates them at the paper's settings (the NLL of a
+    direct computation), and `python -m txl_keras.generate --pretrained=...` generates."""
+    root, url = server
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = ["the history of a city is long", "a city is old and long", "the city of history"] * 10
+    for split in ("train", "valid", "test"):
+        (raw / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "KERAS_HOME": str(tmp_path / "keras"), releases.URL_VARIABLE: url,
+           "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.getcwd()}
+    records = run([sys.executable, "-m", "tf_records", "--pretrained=transfo_xl_wt103", f"--data_dir={raw}",
+                   "--per_host_valid_bsz=1"], env)
+    assert records.returncode == 0, records.stderr[-2000:]
+    evaluated = run([sys.executable, "train_gpu.py", "--pretrained=transfo_xl_wt103", "--eval_batch_size=1"], env)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    loss = float(evaluated.stdout.split("eval test: loss ")[1].split()[0])
+    model = direct_model(root, "transfo_xl_wt103")
+    from tf_records.vocabulary import Vocabulary
+    from txl_keras.generate import score
+
+    vocab = Vocabulary.load(str(tmp_path / "keras" / "txl_keras" / "pretrained" / "transfo_xl_wt103" / "vocab.json"))
+    ids = vocab.encode_lines(lines)
+    assert loss == pytest.approx(float(score(model, ids[None]).mean()), rel=1e-4)
+    generated = run([sys.executable, "-m", "txl_keras.generate", "--pretrained=transfo_xl_wt103",
+                     "--prompt=the history of", "--max_new_tokens=5", "--temperature=0"], env)
+    assert generated.returncode == 0, generated.stderr[-2000:]
+    assert generated.stdout.strip().startswith("the history of ")
