@@ -11,20 +11,19 @@ each worker; every worker runs the same command.
 import json
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tf_records import program  # first: tf_records starts its programs without TensorFlow's start-up notices
 
-import tensorflow as tf  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+import tensorflow as tf  # noqa: E402,I001
+from absl import app, flags  # noqa: E402
 
-from tf_records import program  # noqa: E402
-from txl_keras.training import cli  # noqa: E402
-from txl_keras.training.watchdog import Watchdog  # noqa: E402
+from txl_keras.training import cli
+from txl_keras.training.watchdog import Watchdog
 
 cli.define_flags()
-flags.adopt_module_key_flags(cli)  # --help lists the training flags, not only this file's
-flags.DEFINE_integer("startup_timeout", 300, "Seconds to wait for all workers to join.", lower_bound=1)
-flags.DEFINE_integer("collective_timeout", 600, "Seconds before a collective with a dead peer fails.",
-                     lower_bound=1)
+program.define("integer", "startup_timeout", 300, "Seconds to wait for all workers to join.", "distribution",
+               lower_bound=1)
+program.define("integer", "collective_timeout", 600, "Seconds before a collective with a dead peer fails.",
+               "distribution", lower_bound=1)
 FLAGS = flags.FLAGS
 
 
@@ -55,7 +54,6 @@ def make_strategy():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)
     strategy, num_hosts, is_chief = make_strategy()
     cli.run(strategy, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
 

@@ -9,21 +9,19 @@ Without a reachable TPU it stops within seconds with a message saying what to pa
 import glob
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tf_records import program  # first: tf_records starts its programs without TensorFlow's start-up notices
 
-import tensorflow as tf  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+import tensorflow as tf  # noqa: E402,I001
+from absl import app, flags  # noqa: E402
 
-from tf_records import program  # noqa: E402
-from txl_keras.training import cli  # noqa: E402
-from txl_keras.training.watchdog import Watchdog  # noqa: E402
+from txl_keras.training import cli
+from txl_keras.training.watchdog import Watchdog
 
 cli.define_flags()
-flags.adopt_module_key_flags(cli)  # --help lists the training flags, not only this file's
-flags.DEFINE_string("tpu", None, "TPU name or grpc:// address; 'local' on a TPU VM.")
-flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU (with a TPU name).")
-flags.DEFINE_string("gcp_project", None, "GCP project of the TPU (with a TPU name).")
-flags.DEFINE_integer("tpu_timeout", 120, "Seconds to wait for the TPU to answer.", lower_bound=1)
+program.define("string", "tpu", None, "TPU name or grpc:// address; 'local' on a TPU VM.", "distribution")
+program.define("string", "tpu_zone", None, "GCE zone of the TPU (with a TPU name).", "distribution")
+program.define("string", "gcp_project", None, "GCP project of the TPU (with a TPU name).", "distribution")
+program.define("integer", "tpu_timeout", 120, "Seconds to wait for the TPU to answer.", "distribution", lower_bound=1)
 FLAGS = flags.FLAGS
 
 
@@ -61,7 +59,6 @@ def connect_tpu():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)
     try:
         strategy, num_hosts = connect_tpu()
     except NoTPUError as e:

@@ -4,11 +4,15 @@ Build records with `python -m tf_records --dataset=NAME ...`; read them back wit
 `load_record_info` and `stream_dataset` / `distributed_dataset_fn`.
 """
 
-from tf_records.build import build_records, load_corpus_info
-from tf_records.corpora import Corpus, load_corpus
-from tf_records.dataset import distributed_dataset_fn, load_record_info, stream_dataset, verify_records
-from tf_records.records import write_split
-from tf_records.vocabulary import Vocabulary
+from tf_records import startup
+
+startup.quiet_program_start()  # before TensorFlow is first imported
+
+from tf_records.build import build_records, load_corpus_info  # noqa: E402
+from tf_records.corpora import Corpus, load_corpus  # noqa: E402
+from tf_records.dataset import distributed_dataset_fn, load_record_info, stream_dataset, verify_records  # noqa: E402
+from tf_records.records import write_split  # noqa: E402
+from tf_records.vocabulary import Vocabulary  # noqa: E402
 
 __all__ = [
     "Corpus",

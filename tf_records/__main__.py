@@ -12,8 +12,6 @@ Flags mirror the original `data_utils.py`. Examples:
 import codecs
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 from absl import app, flags
 
 from tf_records import program

@@ -105,7 +105,7 @@ def stream_dataset(info, host_id=0, num_core_per_host=1, repeat=None, vocab_size
     per_replica = batch // num_core_per_host
     ds = tf.data.TFRecordDataset(path).map(_parse)
     if repeat if repeat is not None else not info["evaluation"]:
-        ds = ds.cache().repeat()
+        ds = ds.repeat()
         skip = skip % info["num_batch"]
     if skip:
         ds = ds.skip(skip)

@@ -3,9 +3,14 @@
 `run(main)` is `absl.app.run(main)` where a usage error (`app.UsageError`, an unknown
 flag, a flag value outside its bounds) prints `error: ...` and exits 2, and a failure the user can fix (a missing or damaged
 file, a value out of its domain, an unreachable bucket) prints `error: ...` and exits 1.
-`--verbosity=1` (or higher) shows the traceback as well.
+`--verbosity=1` (or higher) shows the traceback as well, and TensorFlow's and absl's
+information lines, which are otherwise off (warnings and errors always show).
+
+`--help` lists the flags by group (`GROUPS`: a flag's group is the `module_name` it was
+defined with); `--helpfull` is absl's full list.
 """
 
+import logging as std_logging
 import sys
 
 from absl import app, flags, logging
@@ -21,8 +26,36 @@ def _one_line(error):
     return text
 
 
+GROUPS = ("run", "data", "model", "training", "checkpoints", "evaluation", "distribution", "speed and precision")
+HELP_ARGS = ("--help", "-help", "-h", "-?", "--helpshort", "-helpshort")
+
+
+def define(kind, name, default, help, group, **kwargs):
+    """`flags.DEFINE_<kind>` with the flag listed under `group` (one of `GROUPS`) by --help."""
+    if group not in GROUPS:
+        raise ValueError(f"Unknown flag group {group!r}; expected one of {GROUPS}.")
+    if kind == "enum":
+        return flags.DEFINE_enum(name, default, kwargs.pop("enum_values"), help, module_name=group, **kwargs)
+    return getattr(flags, f"DEFINE_{kind}")(name, default, help, module_name=group, **kwargs)
+
+
+def grouped_help(doc):
+    """`doc`, then the flags of each group that has any (absl's format, one section a group)."""
+    sections = [flags.FLAGS.module_help(group) for group in GROUPS]
+    return (doc or "").rstrip() + "\n\nflags (--helpfull: every flag, absl's own included):\n" + "\n".join(
+        s.strip("\n") for s in sections if s.strip())
+
+
+def _quiet_logs():
+    """Information lines off unless --verbosity asks for them (warnings and errors stay)."""
+    if flags.FLAGS["verbosity"].value <= 0:
+        logging.set_verbosity(logging.WARNING)
+        std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
+
+
 def run(main):
     def guarded(argv):
+        _quiet_logs()
         try:
             return main(argv)
         except app.UsageError as e:
@@ -44,7 +77,11 @@ def run(main):
 
 
 def _parse_flags(argv):
-    """absl's flag parsing, a bad flag reported as a usage error (one line, exit 2)."""
+    """absl's flag parsing, a bad flag reported as a usage error (one line, exit 2); --help by group."""
+    arguments = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    if any(a in HELP_ARGS for a in arguments) and any(flags.FLAGS.module_help(g).strip() for g in GROUPS):
+        print(grouped_help(sys.modules["__main__"].__doc__))
+        sys.exit(0)
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:

@@ -13,6 +13,7 @@ backend the layers get TensorFlow's replica id, dropout bits and whole-table dra
 
 import importlib
 
+from tf_records import startup  # the programs (python -m txl_keras.*) start quietly
 from txl_keras import tf_backend
 
 tf_backend.install()  # before TensorFlow makes its CPU device

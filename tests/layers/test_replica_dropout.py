@@ -87,7 +87,7 @@ def test_rate_scaling_and_config():
     layer = ReplicaDropout.from_config(ReplicaDropout(0.25, seed=3, name="d").get_config())
     assert (layer.rate, layer.seed, layer.name) == (0.25, 3, "d")
     assert ReplicaDropout(0.0).seed_generator is None
-    with pytest.raises(ValueError, match=r"rate must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"ReplicaDropout: expected `rate` to be a dropout rate, a number in \[0, 1\)"):
         ReplicaDropout(1.0)
 
 

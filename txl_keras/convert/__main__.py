@@ -9,16 +9,13 @@ The folder is written whole (staged beside it, then renamed): an interrupted con
 leaves no partial folder, and the same command completes it.
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from tf_records import files, program  # noqa: E402
-from txl_keras.convert import (ConversionError, from_pytorch_state_dict, from_tf_checkpoint,  # noqa: E402
+from tf_records import files, program
+from txl_keras.convert import (ConversionError, from_pytorch_state_dict, from_tf_checkpoint,
                                load_cache_vocab, write_converted)
-from txl_keras.models.config import TransformerXLConfig  # noqa: E402
+from txl_keras.models.config import TransformerXLConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("tf_checkpoint", None, "Original TF checkpoint prefix (model.ckpt-0).")

@@ -3,16 +3,13 @@
     python -m txl_keras.export --model_dir=runs/quickstart --output=exported/quickstart
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from tf_records import files, program  # noqa: E402
-from tf_records.vocabulary import Vocabulary  # noqa: E402
-from txl_keras.export import export_saved_model  # noqa: E402
-from txl_keras.run_folder import VOCAB, load_trained_model  # noqa: E402
+from tf_records import files, program
+from tf_records.vocabulary import Vocabulary
+from txl_keras.export import export_saved_model
+from txl_keras.run_folder import VOCAB, load_trained_model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json and checkpoints).")

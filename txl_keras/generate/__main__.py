@@ -6,16 +6,13 @@
     python -m txl_keras.generate --model_dir=runs/quickstart --score="def main(argv):"
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from tf_records import files, program  # noqa: E402
-from tf_records.vocabulary import Vocabulary  # noqa: E402
-from txl_keras.generate import generate, score  # noqa: E402
-from txl_keras.run_folder import VOCAB, load_trained_model, require_config  # noqa: E402
+from tf_records import files, program
+from tf_records.vocabulary import Vocabulary
+from txl_keras.generate import generate, score
+from txl_keras.run_folder import VOCAB, load_trained_model, require_config
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json, checkpoints).")

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from txl_keras.layers import arguments
 from txl_keras.layers.weight_initializers import weight_initializer
 
 
@@ -11,8 +12,11 @@ def cluster_bounds(vocabulary_size, cutoffs):
     return [0] + list(cutoffs) + [vocabulary_size]
 
 
-def check_cutoffs(vocabulary_size, cutoffs, embedding_dim, div_val):
+def check_cutoffs(vocabulary_size, cutoffs, embedding_dim, div_val, hidden_dim=1, layer="AdaptiveEmbedding"):
     """Raise a clear ValueError unless the adaptive settings are consistent."""
+    for name, value in (("vocabulary_size", vocabulary_size), ("embedding_dim", embedding_dim),
+                        ("hidden_dim", hidden_dim)):
+        arguments.positive_int(layer, name, value)
     bounds = cluster_bounds(vocabulary_size, cutoffs)
     if any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(
@@ -86,7 +90,7 @@ class AdaptiveEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_cutoffs(vocabulary_size, cutoffs, embedding_dim, div_val)
+        check_cutoffs(vocabulary_size, cutoffs, embedding_dim, div_val, hidden_dim, type(self).__name__)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.hidden_dim = hidden_dim

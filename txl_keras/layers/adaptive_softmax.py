@@ -90,7 +90,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_cutoffs(vocabulary_size, cutoffs, embedding_dim, div_val)
+        check_cutoffs(vocabulary_size, cutoffs, embedding_dim, div_val, hidden_dim, type(self).__name__)
         n_clusters = len(cutoffs) + 1
         if tie_projs is None:
             tie_projs = [False] * n_clusters

@@ -4,6 +4,8 @@ import keras
 from keras import ops
 from keras.src.utils import tracking
 
+from txl_keras.layers import arguments
+
 
 def state_variable(initial, shape, dtype, name):
     """A non-trainable variable of state kept between calls, one value per replica
@@ -92,9 +94,9 @@ class MemoryCache(keras.layers.Layer):
                 f"`batch_size` to be a positive integer. Received: batch_size={batch_size}"
             )
         self.mem_len = mem_len
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.ext_len = ext_len
+        self.num_layers = arguments.positive_int(type(self).__name__, "num_layers", num_layers)
+        self.hidden_dim = arguments.positive_int(type(self).__name__, "hidden_dim", hidden_dim)
+        self.ext_len = arguments.non_negative_int(type(self).__name__, "ext_len", ext_len)
         self.stateful = stateful
         self.batch_size = batch_size
         self.zero_init = zero_init

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from txl_keras.layers import arguments
+
 
 @keras.saving.register_keras_serializable(package="txl_keras")
 class PositionalEmbedding(keras.layers.Layer):
@@ -45,7 +47,8 @@ class PositionalEmbedding(keras.layers.Layer):
                 f"Received: hidden_dim={hidden_dim}"
             )
         self.hidden_dim = hidden_dim
-        self.clamp_len = int(clamp_len)
+        self.clamp_len = arguments.int_at_least(type(self).__name__, "clamp_len", clamp_len, -1,
+                                                "an integer: > 0 clamps, -1 or 0 does not")
         self.built = True
 
     def call(self, positions, clamp_len=None):

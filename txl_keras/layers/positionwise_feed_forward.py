@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from txl_keras.layers import arguments
 from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.weight_initializers import copy_initializer
@@ -46,10 +47,11 @@ class PositionwiseFeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.inner_dim = inner_dim
-        self.dropout = dropout
-        self.pre_lnorm = pre_lnorm
-        self.layer_norm_epsilon = layer_norm_epsilon
+        layer = type(self).__name__
+        self.inner_dim = arguments.positive_int(layer, "inner_dim", inner_dim)
+        self.dropout = arguments.rate(layer, "dropout", dropout)
+        self.pre_lnorm = arguments.boolean(layer, "pre_lnorm", pre_lnorm)
+        self.layer_norm_epsilon = arguments.positive_float(layer, "layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.layer_1 = keras.layers.Dense(
             inner_dim,

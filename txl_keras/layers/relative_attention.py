@@ -5,6 +5,7 @@ from keras import ops
 
 from txl_keras import kernels
 from txl_keras.kernels.attention import MASK_VALUE, position_scores_reference
+from txl_keras.layers import arguments
 from txl_keras.layers.inference_cache import head_major
 from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.replica_dropout import ReplicaDropout
@@ -27,12 +28,13 @@ class RelativeAttention(keras.layers.Layer):
     scaled by `1/sqrt(head_dim)`, masked, soft-maxed in float32 over the keys, dropped
     out (`attention_dropout`) and applied to the values (`attention`). `u` and `v` are
     the global content and position biases (`r_w_bias`, `r_r_bias`), passed in because
-    the model shares them across layers unless `untie_r`. With
-    `position_projection=True` (attn_type 0) the sinusoid encoding `R` is projected by a
-    bias-free `W_R` (`r_kernel`); with `False` (attn_type 1, Shaw et al.) the caller
-    passes learned per-head position keys and a score bias `b`. Without
-    `position_encoding` it is plain causal attention (attn_type 2 and 3, whose positions
-    are added to the inputs). The heads are projected without bias (`o_kernel`),
+    the model shares them across layers unless `untie_r`. A sinusoid encoding `R`
+    `(K, hidden_dim)` is projected by a bias-free `W_R` (`r_kernel`, attn_type 0);
+    learned per-head position keys `(K, H, Dh)` and a score bias `b` (attn_type 1, Shaw
+    et al.) are used as they are. Without `position_encoding` it is plain causal attention
+    (attn_type 2 and 3, whose positions are added to the inputs). The layer builds
+    `r_kernel` only when it projects: `position_projection=None` (the default) decides by
+    the first call's `position_encoding`. The heads are projected without bias (`o_kernel`),
     dropped out and added to the input; post-norm applies layer norm to the sum,
     `pre_lnorm` normalises `[memory, h]` before the projection instead.
 
@@ -46,7 +48,9 @@ class RelativeAttention(keras.layers.Layer):
         head_dim: int, `Dh`.
         dropout: float in [0, 1), dropout on the attention output.
         attention_dropout: float in [0, 1), dropout on the probabilities (`dropatt`).
-        position_projection: bool, project a `(K, hidden_dim)` sinusoid encoding.
+        position_projection: None, True or False: whether the calls pass a `(K,
+            hidden_dim)` sinusoid encoding to project (True: `r_kernel` is built) or
+            not (False: learned keys or no positions); None: as the first call does.
         pre_lnorm: bool, pre-norm instead of the default post-norm.
         layer_norm_epsilon: float.
         kernel_initializer: initializer of the kernels.
@@ -86,28 +90,32 @@ class RelativeAttention(keras.layers.Layer):
         head_dim,
         dropout=0.0,
         attention_dropout=0.0,
-        position_projection=True,
+        position_projection=None,
         pre_lnorm=False,
         layer_norm_epsilon=1e-5,
         kernel_initializer="glorot_uniform",
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.position_projection = position_projection
-        self.pre_lnorm = pre_lnorm
-        self.layer_norm_epsilon = layer_norm_epsilon
+        layer = type(self).__name__
+        self.num_heads = arguments.positive_int(layer, "num_heads", num_heads)
+        self.head_dim = arguments.positive_int(layer, "head_dim", head_dim)
+        self.dropout = arguments.rate(layer, "dropout", dropout)
+        self.attention_dropout = arguments.rate(layer, "attention_dropout", attention_dropout)
+        self.position_projection = arguments.boolean(layer, "position_projection", position_projection,
+                                                     allow_none=True)
+        self.pre_lnorm = arguments.boolean(layer, "pre_lnorm", pre_lnorm)
+        self.layer_norm_epsilon = arguments.positive_float(layer, "layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
         self.probs_dropout = ReplicaDropout(attention_dropout, dtype=self.dtype_policy)
         self.layer_norm = LayerNorm(epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm")
 
-    def build(self, inputs_shape, *args, **kwargs):
+    def build(self, inputs_shape, position_encoding_shape=None):
         hidden_dim = inputs_shape[-1]
         inner = self.num_heads * self.head_dim
+        if self.position_projection is None:  # a (K, hidden_dim) sinusoid encoding is projected
+            self.position_projection = position_encoding_shape is not None and len(position_encoding_shape) == 2
 
         def kernel(name, shape):
             return self.add_weight(name=name, shape=shape, initializer=weight_initializer(self.kernel_initializer))
@@ -302,6 +310,8 @@ class RelativeAttention(keras.layers.Layer):
         if stored is not None:
             return ops.cast(stored[..., available - count:], self.compute_dtype), None
         rows = encoding[available - count:]
+        if len(ops.shape(rows)) != (2 if self.position_projection else 3):
+            raise ValueError(self._encoding_error(ops.shape(encoding)))
         if self.position_projection:
             keys = self.project_positions(rows)
         else:  # learned per-head keys, (K, H, Dh)
@@ -309,6 +319,15 @@ class RelativeAttention(keras.layers.Layer):
                                  (1, 2, 0))
         bias = None if score_bias is None else ops.transpose(ops.cast(score_bias, self.compute_dtype))
         return keys, bias
+
+    def _encoding_error(self, shape):
+        if self.position_projection:
+            return (f"This layer projects a sinusoid encoding of shape (K, hidden_dim); received "
+                    f"`position_encoding` of shape {tuple(shape)}.")
+        return (f"This layer was built without a position projection (position_projection=False, or its first "
+                f"call passed no `position_encoding`): it takes learned keys of shape (K, num_heads={self.num_heads}"
+                f", head_dim={self.head_dim}); received shape {tuple(shape)}. Create it with "
+                "position_projection=True to project a sinusoid encoding.")
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape

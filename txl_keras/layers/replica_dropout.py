@@ -28,6 +28,7 @@ import keras
 from keras import ops
 
 from txl_keras import kernels
+from txl_keras.layers import arguments
 
 # An odd constant (golden ratio, 32 bits): replica r adds r * _SALT to the seed.
 _SALT = 0x9E3779B1
@@ -111,9 +112,7 @@ class ReplicaDropout(keras.layers.Layer):
 
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
-        if not 0 <= rate < 1:
-            raise ValueError(f"rate must be in [0, 1), got {rate}.")
-        self.rate = rate
+        self.rate = arguments.rate(type(self).__name__, "rate", rate)
         self.seed = seed
         self.seed_generator = ReplicaSeedGenerator(seed) if rate > 0 else None
         self.supports_masking = True

@@ -2,6 +2,7 @@
 
 import keras
 
+from txl_keras.layers import arguments
 from txl_keras.layers.positionwise_feed_forward import PositionwiseFeedForward
 from txl_keras.layers.relative_attention import RelativeAttention
 
@@ -17,7 +18,7 @@ class TransformerXLBlock(keras.layers.Layer):
         inner_dim: int, `d_inner`.
         dropout: float.
         attention_dropout: float, `dropatt`.
-        position_projection: bool, see `RelativeAttention`.
+        position_projection: None, True or False, see `RelativeAttention`.
         pre_lnorm: bool.
         layer_norm_epsilon: float.
         kernel_initializer: initializer of every kernel.
@@ -48,21 +49,21 @@ class TransformerXLBlock(keras.layers.Layer):
         inner_dim,
         dropout=0.0,
         attention_dropout=0.0,
-        position_projection=True,
+        position_projection=None,
         pre_lnorm=False,
         layer_norm_epsilon=1e-5,
         kernel_initializer="glorot_uniform",
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.inner_dim = inner_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.position_projection = position_projection
-        self.pre_lnorm = pre_lnorm
-        self.layer_norm_epsilon = layer_norm_epsilon
+        layer = type(self).__name__  # the arguments checked here, so that an error names this layer
+        for name, value in (("num_heads", num_heads), ("head_dim", head_dim), ("inner_dim", inner_dim)):
+            arguments.positive_int(layer, name, value)
+        for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+            arguments.rate(layer, name, value)
+        arguments.boolean(layer, "position_projection", position_projection, allow_none=True)
+        arguments.boolean(layer, "pre_lnorm", pre_lnorm)
+        arguments.positive_float(layer, "layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.attention = RelativeAttention(
             num_heads,
@@ -85,9 +86,16 @@ class TransformerXLBlock(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="ff",
         )
+        for name in ("num_heads", "head_dim", "dropout", "attention_dropout", "pre_lnorm", "layer_norm_epsilon"):
+            setattr(self, name, getattr(self.attention, name))
+        self.inner_dim = self.feed_forward.inner_dim
 
-    def build(self, inputs_shape, *args, **kwargs):
-        self.attention.build(inputs_shape)
+    @property
+    def position_projection(self):
+        return self.attention.position_projection
+
+    def build(self, inputs_shape, position_encoding_shape=None):
+        self.attention.build(inputs_shape, position_encoding_shape)
         self.feed_forward.build(inputs_shape)
         self.built = True
 

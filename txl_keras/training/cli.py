@@ -16,12 +16,13 @@ import sys
 from absl import flags
 
 from tf_records import files
+from tf_records.program import define
 from tf_records.build import VOCAB_FILE, build_records, default_records_dir, load_corpus_info
 from tf_records.records import record_info_path
 from txl_keras import run_folder
 from txl_keras.models import sizes
 from txl_keras.models.config import PRESETS, TransformerXLConfig
-from txl_keras.training.train_config import RUN_PRESETS, TrainConfig
+from txl_keras.training.train_config import QUICKSTART, RUN_PRESETS, TrainConfig
 from txl_keras.training.trainer import NonFiniteLossError, Trainer
 
 FLAGS = flags.FLAGS
@@ -38,41 +39,50 @@ _KINDS = {int: "integer", float: "float", bool: "bool", str: "string"}
 
 
 def define_flags():
-    """Define every trainer flag (once per program)."""
-    flags.DEFINE_string("config", "quickstart", f"Run preset ({', '.join(sorted(RUN_PRESETS))}), model preset "
-                        f"({', '.join(sorted(PRESETS))}) or the path of a config.json (e.g. one written by "
-                        "python -m txl_keras.convert).")
-    flags.DEFINE_string("data_dir", None, "Folder of the TFRecords, vocab.json and corpus-info.json "
-                        "(default data/<dataset>; built from --dataset when missing).")
-    flags.DEFINE_string("dataset", None, "Corpus to build records from when --data_dir is not given "
-                        "(see python -m tf_records; default: the run preset's, else stdlib, which needs no download).")
-    flags.DEFINE_string("corpus_info_path", None, "corpus-info.json (default: in --data_dir).")
-    flags.DEFINE_integer("num_hosts", 1, "Hosts (input pipelines) the records were built for.", lower_bound=1)
-    flags.DEFINE_integer("num_core_per_host", None, "Replicas per host (default: all local devices).",
-                         lower_bound=1)
-    flags.DEFINE_bool("do_train", True, "Train.")
-    flags.DEFINE_bool("do_eval", True, "Evaluate on --eval_split after training.")
-    flags.DEFINE_bool("do_eval_only", False, "Evaluate every checkpoint in --model_dir and report the best.")
-    flags.DEFINE_string("eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).")
-    flags.DEFINE_integer("start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.",
-                         lower_bound=0)
-    flags.DEFINE_string("pretrained", None, "Evaluate a released model (transfo_xl_wt103, transfo_xl_enwik8, "
-                        "transfo_xl_text8, transfo_xl_lm1b: downloaded and converted on first use) or a converted "
-                        "folder at its paper settings: --config, --model_dir and the checkpoint are its, "
-                        "--do_train=false, and by default --eval_split=test, --eval_batch_size=16 and "
-                        "--data_dir=data/<name> (python -m tf_records --pretrained=<name> builds them).")
-    flags.DEFINE_bool("check_memory", True, "Refuse a run whose training cannot fit this machine's memory "
-                      "(estimated before the model is built; CPUs only).")
+    """Define every trainer flag (once per program), each in its --help group. A flag's
+    default is what the bare command uses (the quickstart preset's value where it sets
+    one; the help gives the value without a run preset)."""
+    quickstart = RUN_PRESETS[QUICKSTART]
+    define("string", "config", QUICKSTART, f"Run preset ({', '.join(sorted(RUN_PRESETS))}), model preset "
+           f"({', '.join(sorted(PRESETS))}) or the path of a config.json (e.g. one written by "
+           "python -m txl_keras.convert).", "run")
+    define("string", "pretrained", None, "Evaluate a released model (transfo_xl_wt103, transfo_xl_enwik8, "
+           "transfo_xl_text8, transfo_xl_lm1b: downloaded and converted on first use) or a converted folder at its "
+           "paper settings: --config, --model_dir and the checkpoint are its, --do_train=false, and by default "
+           "--eval_split=test, --eval_batch_size=16 and --data_dir=data/<name> (python -m tf_records "
+           "--pretrained=<name> builds them).", "run")
+    define("bool", "do_train", True, "Train.", "run")
+    define("bool", "do_eval", True, "Evaluate on --eval_split before and after training.", "run")
+    define("bool", "do_eval_only", False, "Evaluate every checkpoint in --model_dir and report the best.", "run")
+    define("bool", "check_memory", True, "Refuse a run whose training cannot fit this machine's memory "
+           "(estimated before the model is built; CPUs only).", "run")
+    define("string", "data_dir", None, "Folder of the TFRecords, vocab.json and corpus-info.json "
+           "(default data/<dataset>; built from --dataset when missing).", "data")
+    define("string", "dataset", None, "Corpus to build records from when --data_dir is not given (see python -m "
+           f"tf_records; default: the run preset's, {quickstart['dataset']} for the bare command, which needs no "
+           "download).", "data")
+    define("string", "corpus_info_path", None, "corpus-info.json (default: in --data_dir).", "data")
+    define("integer", "num_hosts", 1, "Hosts (input pipelines) the records were built for.", "distribution",
+           lower_bound=1)
+    define("integer", "num_core_per_host", None, "Replicas per host (default: all local devices).",
+           "distribution", lower_bound=1)
+    define("string", "eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).", "evaluation")
+    define("integer", "start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.", "evaluation",
+           lower_bound=0)
     for field in dataclasses.fields(TrainConfig):
         if field.name == "records_dir":
             continue  # --data_dir
+        default, help = field.default, field.metadata["help"]
+        if field.name in quickstart["train"]:
+            default = quickstart["train"][field.name]
+            help += f" (Without a run preset: {'required' if field.default is None else field.default}.)"
         choices = field.metadata.get("choices")
-        if choices:
-            flags.DEFINE_enum(field.name, field.default, list(choices), field.metadata["help"])
-        else:
-            getattr(flags, f"DEFINE_{_KINDS[field.type]}")(field.name, field.default, field.metadata["help"])
+        define("enum" if choices else _KINDS[field.type], field.name, default, help, field.metadata["group"],
+               **({"enum_values": list(choices)} if choices else {}))
+    model = TransformerXLConfig.from_preset(quickstart["model"], cutoffs=[])
     for name, kind in MODEL_FLAGS:
-        getattr(flags, f"DEFINE_{kind}")(name, None, f"Override the preset's {name}.")
+        define(kind, name, None, f"Override the model preset's {name} (the bare command's "
+               f"{quickstart['model']}: {getattr(model, name)}).", "model")
 
 
 def _given(name):
@@ -84,14 +94,14 @@ def run_preset():
     return RUN_PRESETS.get(FLAGS.config)
 
 
-def train_config(data_dir):
-    """TrainConfig: the run preset's settings (if any), the flags given override them;
-    without a run preset, the flags (whose defaults are TrainConfig's)."""
+def train_config(data_dir, defaults=None):
+    """TrainConfig: the flags given on the command line, over `defaults` (a released model's
+    settings), over the run preset's settings (if any), over TrainConfig's defaults."""
     preset = run_preset()
     names = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "records_dir"]
-    base = dict(preset["train"]) if preset else {}
-    values = {n: FLAGS[n].value for n in names if _given(n) or n not in base}
-    return TrainConfig(**{**base, **values, "records_dir": data_dir})
+    given = {n: FLAGS[n].value for n in names if _given(n)}
+    base = {**(preset["train"] if preset else {}), **(defaults or {})}
+    return TrainConfig(**{**base, **given, "records_dir": data_dir})
 
 
 def _model_base():
@@ -174,9 +184,8 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     """Train and/or evaluate under `strategy`, as the flags say. Returns the eval results.
 
     `compiled=True` (train_tpu.py) compiles every step with XLA whatever --xla says."""
-    if FLAGS.pretrained:
-        use_pretrained(log)
-    tc = train_config(FLAGS.data_dir or default_records_dir(_dataset()))
+    defaults = use_pretrained(log) if FLAGS.pretrained else None
+    tc = train_config(FLAGS.data_dir or default_records_dir(_dataset()), defaults)
     check_paths(tc)
     check_model_flags()
     cores = strategy.num_replicas_in_sync // num_hosts
@@ -204,7 +213,8 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
 
 
 def use_pretrained(log):
-    """--pretrained: evaluate that model at the settings in its config.json (the paper's)."""
+    """--pretrained: evaluate that model at the settings in its config.json (the paper's).
+    Returns the TrainConfig settings it implies (flags given on the command line win)."""
     from txl_keras import pretrained
 
     if FLAGS["do_train"].present and FLAGS.do_train:
@@ -212,13 +222,10 @@ def use_pretrained(log):
                          "start training from its weights).")
     folder = pretrained.resolve(FLAGS.pretrained, log=log)
     _, newest = run_folder.latest_checkpoint(folder)
-    defaults = {"eval_split": "test", "eval_batch_size": 16,
-                "data_dir": os.path.join("data", os.path.basename(FLAGS.pretrained.rstrip("/")))}
-    for flag, value in defaults.items():
-        if not FLAGS[flag].present:
-            FLAGS[flag].value = value
-    FLAGS.config, FLAGS.model_dir, FLAGS.eval_ckpt_path = files.join(folder, run_folder.CONFIG), folder, newest
-    FLAGS.do_train = False
+    if not FLAGS["data_dir"].present:
+        FLAGS.data_dir = os.path.join("data", os.path.basename(FLAGS.pretrained.rstrip("/")))
+    FLAGS.config, FLAGS.eval_ckpt_path, FLAGS.do_train = files.join(folder, run_folder.CONFIG), newest, False
+    return {"model_dir": folder, "eval_split": "test", "eval_batch_size": 16}
 
 
 def check_paths(tc):

@@ -13,8 +13,9 @@ EVAL_SPLITS = ("valid", "test")
 _KIND_NAMES = {bool: "a boolean (true/false, not a string)", int: "an integer", float: "a number", str: "a string"}
 
 
-def _field(default, help, choices=None):
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+def _field(default, help, group, choices=None):
+    """A setting: its default, the help of its flag, the flag's --help group, its choices."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, "choices": choices})
 
 
 @dataclasses.dataclass
@@ -26,42 +27,44 @@ class TrainConfig:
     `batch_size // num_core_per_host` streams.
     """
 
-    model_dir: str = _field(None, "Run folder: config.json, checkpoints, summaries (any tf.io.gfile path).")
-    records_dir: str = _field(None, "Folder of the TFRecords (--data_dir on the command line).")
-    train_batch_size: int = _field(60, "Streams per host per step.")
-    eval_batch_size: int = _field(60, "Streams per host in evaluation.")
-    learning_rate: float = _field(2.5e-4, "Peak learning rate (> 0).")
-    lr_schedule: str = _field("cosine", "Decay after warmup.", LR_SCHEDULES)
-    warmup_steps: int = _field(0, "Linear warmup steps (>= 0).")
-    train_steps: int = _field(100000, "Steps to train (>= 1).")
-    min_lr_ratio: float = _field(0.004, "Cosine decays to learning_rate * min_lr_ratio (in [0, 1]).")
-    clip: float = _field(0.25, "Clip gradients to this global norm (> 0; 0 switches clipping off).")
+    model_dir: str = _field(None, "Run folder: config.json, checkpoints, summaries (any tf.io.gfile path).", "run")
+    records_dir: str = _field(None, "Folder of the TFRecords (--data_dir on the command line).", "data")
+    train_batch_size: int = _field(60, "Streams per host per step.", "training")
+    eval_batch_size: int = _field(60, "Streams per host in evaluation.", "evaluation")
+    learning_rate: float = _field(2.5e-4, "Peak learning rate (> 0).", "training")
+    lr_schedule: str = _field("cosine", "Decay after warmup.", "training", LR_SCHEDULES)
+    warmup_steps: int = _field(0, "Linear warmup steps (>= 0).", "training")
+    train_steps: int = _field(100000, "Steps to train (>= 1).", "training")
+    min_lr_ratio: float = _field(0.004, "Cosine decays to learning_rate * min_lr_ratio (in [0, 1]).", "training")
+    clip: float = _field(0.25, "Clip gradients to this global norm (> 0; 0 switches clipping off).", "training")
     batch_chunk: int = _field(1, "Split each replica's batch into this many chunks, run one after another "
-                              "(gradient accumulation: one chunk's activations in memory at a time).")
+                              "(gradient accumulation: one chunk's activations in memory at a time).", "training")
     concurrent_parts: int = _field(0, "Split each chunk into this many parts whose forward and backward passes "
                                    "run side by side (TensorFlow's inter-op threads; gradients summed); 0: 2 on "
                                    "CPUs when the steps are not XLA-compiled, TensorFlow has more than one "
-                                   "inter-op thread and the rows divide, else 1.")
-    iterations: int = _field(200, "Steps per host-loop call, and the logging interval.")
-    save_steps: int = _field(1000, "Save a checkpoint every this many steps (0: only at the end).")
-    keep_checkpoint_max: int = _field(5, "Checkpoints to keep (>= 1).")
+                                   "inter-op thread and the rows divide, else 1.", "speed and precision")
+    iterations: int = _field(200, "Steps per host-loop call, and the logging interval.", "training")
+    save_steps: int = _field(1000, "Save a checkpoint every this many steps (0: only at the end).", "checkpoints")
+    keep_checkpoint_max: int = _field(5, "Checkpoints to keep (>= 1).", "checkpoints")
     precision: str = _field("float32", "Compute precision; mixed_bfloat16 on TPUs (loss and softmax stay "
-                            "float32).", PRECISIONS)
-    xla: bool = _field(False, "XLA-compile the forward and backward pass (always on under TPUStrategy).")
-    seed: int = _field(1111, "Random seed.")
-    deterministic: bool = _field(True, "Deterministic ops (needed for bit-exact resume).")
+                            "float32).", "speed and precision", PRECISIONS)
+    xla: bool = _field(False, "XLA-compile the forward and backward pass (always on under TPUStrategy).",
+                       "speed and precision")
+    seed: int = _field(1111, "Random seed.", "training")
+    deterministic: bool = _field(True, "Deterministic ops (needed for bit-exact resume).", "training")
     warm_start_path: str = _field(None, "Start from these weights (checkpoint folder or .weights.h5); "
-                                  "not the optimizer or the step.")
-    skip_nonfinite: bool = _field(False, "Skip steps with a non-finite loss instead of stopping.")
-    eval_split: str = _field("valid", "Split to evaluate.", EVAL_SPLITS)
-    eval_tgt_len: int = _field(None, "Evaluation segment length (default tgt_len).")
-    eval_mem_len: int = _field(None, "Evaluation memory length (default mem_len).")
-    eval_clamp_len: int = _field(None, "Evaluation clamp_len (default clamp_len).")
-    eval_same_length: bool = _field(None, "Evaluation same_length (default same_length).")
-    max_eval_batch: int = _field(-1, "Evaluate at most this many batches (-1: the whole split).")
-    eval_xla: bool = _field(True, "XLA-compile evaluation's forward pass (always on under TPUStrategy).")
+                                  "not the optimizer or the step.", "training")
+    skip_nonfinite: bool = _field(False, "Skip steps with a non-finite loss instead of stopping.", "training")
+    eval_split: str = _field("valid", "Split to evaluate.", "evaluation", EVAL_SPLITS)
+    eval_tgt_len: int = _field(None, "Evaluation segment length (default tgt_len).", "evaluation")
+    eval_mem_len: int = _field(None, "Evaluation memory length (default mem_len).", "evaluation")
+    eval_clamp_len: int = _field(None, "Evaluation clamp_len (default clamp_len).", "evaluation")
+    eval_same_length: bool = _field(None, "Evaluation same_length (default same_length).", "evaluation")
+    max_eval_batch: int = _field(-1, "Evaluate at most this many batches (-1: the whole split).", "evaluation")
+    eval_xla: bool = _field(True, "XLA-compile evaluation's forward pass (always on under TPUStrategy).",
+                            "evaluation")
     eval_steps: int = _field(0, "While training, evaluate on eval_split every this many steps and keep the "
-                             "best weights by validation loss (0: evaluate only after training).")
+                             "best weights by validation loss (0: evaluate only after training).", "evaluation")
 
     def __post_init__(self):
         self.validate()
@@ -119,6 +122,7 @@ class TrainConfig:
 
 
 # A run preset: a model preset and the training settings that go with it.
+QUICKSTART = "quickstart"  # the run preset of a bare train_gpu.py
 RUN_PRESETS = {
     # The README's first command: 3-4 minutes on 2 CPU cores; evaluation on 200 batches
     # (part of the validation split, and the log says so).

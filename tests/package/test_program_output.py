@@ -1,0 +1,119 @@
+"""The programs print their own lines: TensorFlow's start-up notices are left out unless
+asked for (real warnings and errors still show), and `--help` lists the flags by group with
+the defaults a bare command uses."""
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tf_records import startup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CAPTURED = """WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+I0000 00:00:1796239904.802781    5348 port.cc:153] oneDNN custom operations are on. You may see ...
+I0000 00:00:1796239904.803118    5348 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.
+I0000 00:00:1796239904.902486    5348 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use ...
+To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.
+E0000 00:00:1796239907.841660    5348 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)
+W0000 00:00:1796239907.900000    5348 some_op.cc:12] a real warning
+E0000 00:00:1796239907.900001    5348 other.cc:34] a real error
+/usr/lib/python3/site-packages/x.py:1: UserWarning: a Python warning
+"""
+
+
+def test_start_up_notices_are_left_out_and_real_lines_kept():
+    assert startup.kept_lines(CAPTURED, has_gpu=False) == [
+        "W0000 00:00:1796239907.900000    5348 some_op.cc:12] a real warning",
+        "E0000 00:00:1796239907.900001    5348 other.cc:34] a real error",
+        "/usr/lib/python3/site-packages/x.py:1: UserWarning: a Python warning"]
+    # with a GPU on the machine, a failed CUDA probe is a real error
+    assert any("cuInit" in line for line in startup.kept_lines(CAPTURED, has_gpu=True))
+
+
+def test_only_the_projects_programs_start_quietly():
+    assert startup.running_program(orig_argv=["python", "-m", "txl_keras.export", "--output=x"])
+    assert startup.running_program(orig_argv=["python", "-X", "dev", "-mtf_records"])
+    assert not startup.running_program(argv=["my_script.py"], orig_argv=["python", "my_script.py", "-m", "x"])
+    assert not startup.running_program(argv=["-c"], orig_argv=["python", "-c", "import txl_keras"])
+    assert startup.running_program(argv=["/x/train_gpu.py"], orig_argv=["python", "/x/train_gpu.py"])
+    assert startup.verbose(["--verbosity=1"], {}) and startup.verbose([], {startup.ENVIRONMENT: "1"})
+    assert not startup.verbose(["--verbosity=0"], {}) and not startup.verbose([], {})
+
+
+def _run(argv, **env):
+    environ = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", startup.ENVIRONMENT)}
+    environ.update(PYTHONPATH=ROOT, **env)
+    return subprocess.run([sys.executable] + argv, cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_program_prints_its_own_lines_and_verbosity_brings_tensorflows_back(tmp_path):
+    raw = _run(["-c", "import tensorflow as tf; tf.config.list_physical_devices()"]).stderr.splitlines()
+    missing = str(tmp_path / "missing")
+    quiet = _run(["-m", "txl_keras.generate", f"--model_dir={missing}", "--prompt=a"])
+    assert quiet.returncode == 1
+    assert quiet.stderr.splitlines() == [quiet.stderr.splitlines()[-1]] and quiet.stderr.startswith("error: ")
+    usage = _run(["train_gpu.py", "--no_such_flag"])
+    assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1, usage.stderr
+    loud = _run(["-m", "txl_keras.generate", f"--model_dir={missing}", "--prompt=a"], TXL_KERAS_TF_LOGS="1")
+    assert loud.returncode == 1 and len(loud.stderr.splitlines()) >= len(raw) + 1
+
+
+def _help_defaults(text):
+    """`{flag: shown default or None}` and `{group: [flags]}` of absl's help text."""
+    defaults, groups, group, flag = {}, {}, None, None
+    for line in text.splitlines():
+        if re.fullmatch(r"[a-z ]+:", line):
+            group = line[:-1]
+            groups[group] = []
+        elif m := re.match(r"  --(?:\[no\])?(\w+):", line):
+            flag = m.group(1)
+            defaults[flag] = None
+            groups[group].append(flag)
+        elif m := re.match(r"\s+\(default: '(.*)'\)", line):
+            defaults[flag] = m.group(1)
+    return defaults, groups
+
+
+BARE = """
+import dataclasses, json
+from absl import flags
+from txl_keras.training import cli
+cli.define_flags()
+flags.FLAGS(["train_gpu.py"])
+print(json.dumps(dataclasses.asdict(cli.train_config(None))))
+"""
+
+
+@pytest.mark.parametrize("script", ["train_gpu.py", "train_tpu.py"])
+def test_help_groups_the_flags_and_shows_what_a_bare_command_uses(script):
+    from tf_records import program
+    from txl_keras.training import TrainConfig
+
+    result = _run([script, "--help"])
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    defaults, groups = _help_defaults(result.stdout)
+    assert list(groups) == [g for g in program.GROUPS if g in groups] and len(groups) >= 7
+    listed = [f for fs in groups.values() for f in fs]
+    assert len(listed) == len(set(listed))
+    fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "records_dir"]
+    assert set(fields) | {"config", "data_dir", "n_layer", "tgt_len", "num_core_per_host"} <= set(listed)
+    assert ("tpu" in groups["distribution"]) == (script == "train_tpu.py")
+    bare = json.loads(_run(["-c", BARE]).stdout.strip().splitlines()[-1])
+    assert bare["train_steps"] == 1200 and bare["model_dir"] == "runs/quickstart"  # the quickstart preset
+    for name in fields:
+        shown, used = defaults[name], bare[name]
+        if used is None or shown is None:
+            assert shown is None and used is None, name
+        elif isinstance(used, bool):
+            assert shown == str(used).lower(), name
+        elif isinstance(used, (int, float)):
+            assert float(shown) == used, name
+        else:
+            assert shown == used, name
