@@ -28,7 +28,7 @@ def configs():
         "char_small": {**PRESETS["char_small"], "batch": 16, "cutoffs": [], "div_val": 1},
         "word_adaptive": dict(n_token=32000, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024,
                               tgt_len=64, mem_len=64, batch=16, cutoffs=[2000, 8000], div_val=2),
-        # the performance issue's word-level model: 50k words, three tail clusters, div_val 4,
+        # the word-level model of the performance targets: 50k words, three tail clusters, div_val 4,
         # tail projections shared with the input (the wt103 setting), tgt/mem 128
         "word_50k": dict(n_token=50000, n_layer=4, d_model=256, n_head=8, d_head=32, d_inner=1024,
                          tgt_len=128, mem_len=128, batch=16, cutoffs=[2000, 10000, 20000], div_val=4,

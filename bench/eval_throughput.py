@@ -17,6 +17,9 @@ and the paper's evaluation-speed experiment at small scale.
    `--segments` per pass (6; ours times whole passes, reset included, the port its calls).
    `--model=enwik8_base`: the paper's enwik8 base evaluation (tgt_len 80, mem_len 2,100,
    clamp_len 820, same_length, batch 10; 12 layers, d_model 512) on uniform byte ids.
+   `--model=wt103_large`, `enwik8_large` (text8's release has the same size) or `lm1b_large`:
+   the released models' architectures at their evaluation settings, one stream, random
+   weights: the time and memory of scoring a text with a released model here.
 2. Transformer-XL evaluation (segments of 64 against a memory of L) vs vanilla
    sliding-window evaluation (mem_len 0, a window of L recomputed for each predicted
    token), at attention lengths L = 128, 320, 640: per-token speed-up, next to the
@@ -35,7 +38,14 @@ from common import cluster_shares, configs, current_rss_mb, emit, model_config, 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
 EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=6, zipf=True)
 EVAL_ENWIK8 = dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True, batch=10, segments=6)
-PAPER_EVALS = {"wt103_base": EVAL_WT103, "enwik8_base": EVAL_ENWIK8}
+# The released models' sizes at their evaluation settings (tf/sota/*.sh), one stream:
+# what scoring a document with a released model costs on this machine (random weights).
+RELEASE_EVALS = {
+    "wt103_large": dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=1, segments=4, zipf=True),
+    "enwik8_large": dict(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True, batch=1, segments=4),
+    "lm1b_large": dict(tgt_len=32, mem_len=128, clamp_len=-1, same_length=True, batch=1, segments=16, zipf=True),
+}
+PAPER_EVALS = {"wt103_base": EVAL_WT103, "enwik8_base": EVAL_ENWIK8, **RELEASE_EVALS}
 
 
 def txl_model(c):

@@ -15,6 +15,15 @@ if os.environ.get("KERAS_BACKEND") == "jax":  # two host devices for keras.distr
     if _THREADS and "intra_op_parallelism_threads" not in os.environ["XLA_FLAGS"]:
         os.environ["XLA_FLAGS"] += f" --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={_THREADS}"
 sys.path.insert(0, os.path.dirname(__file__))
+if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+    # TensorFlow's start-up notices kept off the test log, as the programs keep them off theirs.
+    import importlib.util  # (tf_records/startup.py alone: the package itself imports TensorFlow)
+
+    _spec = importlib.util.spec_from_file_location(
+        "_startup", os.path.join(os.path.dirname(__file__), "..", "tf_records", "startup.py"))
+    _startup = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_startup)
+    _startup.quiet_tensorflow()
 
 import keras  # noqa: E402
 
@@ -33,7 +42,7 @@ _MIRRORED = []
 
 @pytest.fixture
 def mirrored():
-    """One MirroredStrategy over the two logical CPUs, shared by the whole session (two
+    """One MirroredStrategy over the two logical CPUs, shared by the whole test run (two
     strategies in one process would reuse collective keys)."""
     import tensorflow as tf
 

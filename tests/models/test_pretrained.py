@@ -1,89 +1,28 @@
-"""The paper's released models in one call, checked offline: stand-in releases (tiny
-checkpoints and vocabularies in the exact release layout, for all four names) served by a
-local HTTP server inside the test."""
+"""The paper's released models in one call, checked offline: stand-in releases
+(`release_server`) served by a local HTTP server inside the test."""
 
-import functools
-import http.server
-import json
 import math
 import os
 import subprocess
 import sys
-import threading
 
 import keras
 import numpy as np
 import pytest
 from conftest import to_np
+from release_server import STAND_INS, WORDS, Quiet, serve
 
-from original_formats import CASES, tf_arrays, write_cache_pkl, write_tf_checkpoint
 from tf_records import releases
 from txl_keras import TransformerXLLM, TextModel
 from txl_keras.convert import from_tf_checkpoint
 
 pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TF checkpoints")
 
-WORDS = ["<eos>", "<unk>", "the", "history", "of", "a", "city", "is", "long", "and", "old"] + \
-    [f"w{i}" for i in range(19)]  # 30 words: the "wt103" case
-STAND_INS = {  # release name: (original_formats case, symbols, dataset of the cache.pkl)
-    "transfo_xl_wt103": ("wt103", WORDS, "wt103"),
-    "transfo_xl_lm1b": ("lm1b", ["<S>", "<UNK>"] + WORDS[2:], "lm1b"),
-    "transfo_xl_enwik8": ("enwik8", [str(b) for b in range(97, 117)], "enwik8"),
-    "transfo_xl_text8": ("enwik8", list("abcdefghijklmnopqrs_"), "text8"),
-}
-
-
-def write_release(root, name):
-    """Release `name`'s files as tf/sota/download.sh finds them on the server."""
-    case, symbols, dataset = STAND_INS[name]
-    release = releases.RELEASES[name]
-    n_token, cutoffs, div_val, d_embed, untie_r, share, same = CASES[case]
-    assert len(symbols) == n_token
-    folder = os.path.join(root, release.folder)
-    os.makedirs(os.path.join(folder, "model"))
-    os.makedirs(os.path.join(folder, "data"))
-    arrays, _ = tf_arrays(np.random.default_rng(len(name)), n_token, cutoffs, div_val, d_embed, untie_r, share, same)
-    write_tf_checkpoint(os.path.join(folder, "model", f"model.ckpt-{release.step}"), arrays)
-    unk = "<UNK>" if dataset == "lm1b" else "<unk>"
-    write_cache_pkl(os.path.join(folder, "data", "cache.pkl"), symbols, unk=unk if unk in symbols else symbols[0],
-                    dataset=dataset)
-    with open(os.path.join(folder, "data", "corpus-info.json"), "w") as f:
-        json.dump({"vocab_size": n_token, "cutoffs": [0] + cutoffs + [n_token], "dataset": dataset}, f)
-    assert sorted(release.files) == sorted(
-        os.path.relpath(os.path.join(d, f), folder) for d, _, found in os.walk(folder) for f in found
-        if not f.endswith(".meta"))
-
-
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    dropping = set()  # paths whose next response stops halfway (then the path is served whole)
-    always_dropping = set()
-
-    def log_message(self, *args):
-        pass
-
-    def copyfile(self, source, output):
-        path = self.path
-        if path in self.dropping or path in self.always_dropping:
-            self.dropping.discard(path)
-            data = source.read()
-            output.write(data[: len(data) // 2])
-            output.flush()
-            self.close_connection = True
-            self.connection.shutdown(2)
-            return
-        super().copyfile(source, output)
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("server"))
-    for name in STAND_INS:
-        write_release(root, name)
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serve(str(tmp_path_factory.mktemp("server"))) as served:
+        yield served
 
 
 def direct_model(server_root, name):
@@ -170,8 +109,8 @@ def test_text_in_text_out(server, tmp_path):
     assert scored.bits_per_character == pytest.approx(direct.sum() / math.log(2) / characters, rel=1e-5)
 
 
-def run(command, env):
-    return subprocess.run(["timeout", "-k", "10", "300"] + command, capture_output=True, text=True, env=env)
+def run(command, env, cwd):
+    return subprocess.run(["timeout", "-k", "10", "300"] + command, capture_output=True, text=True, env=env, cwd=cwd)
 
 
 @pytest.mark.slow
@@ -188,9 +127,10 @@ def test_the_command_lines_reproduce_a_released_models_evaluation_in_two_command
     env = {**os.environ, "KERAS_HOME": str(tmp_path / "keras"), releases.URL_VARIABLE: url,
            "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.getcwd()}
     records = run([sys.executable, "-m", "tf_records", "--pretrained=transfo_xl_wt103", f"--data_dir={raw}",
-                   "--per_host_valid_bsz=1"], env)
+                   "--per_host_valid_bsz=1"], env, tmp_path)
     assert records.returncode == 0, records.stderr[-2000:]
-    evaluated = run([sys.executable, "train_gpu.py", "--pretrained=transfo_xl_wt103", "--eval_batch_size=1"], env)
+    evaluated = run([sys.executable, os.path.abspath("train_gpu.py"), "--pretrained=transfo_xl_wt103",
+                     "--eval_batch_size=1"], env, tmp_path)  # (relative folders land in tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     loss = float(evaluated.stdout.split("eval test: loss ")[1].split()[0])
     model = direct_model(root, "transfo_xl_wt103")
@@ -201,6 +141,6 @@ def test_the_command_lines_reproduce_a_released_models_evaluation_in_two_command
     ids = vocab.encode_lines(lines)
     assert loss == pytest.approx(float(score(model, ids[None]).mean()), rel=1e-4)
     generated = run([sys.executable, "-m", "txl_keras.generate", "--pretrained=transfo_xl_wt103",
-                     "--prompt=the history of", "--max_new_tokens=5", "--temperature=0"], env)
+                     "--prompt=the history of", "--max_new_tokens=5", "--temperature=0"], env, tmp_path)
     assert generated.returncode == 0, generated.stderr[-2000:]
     assert generated.stdout.strip().startswith("the history of ")

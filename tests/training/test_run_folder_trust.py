@@ -174,7 +174,7 @@ def test_a_second_writer_of_a_folder_is_refused_and_a_dead_ones_lock_taken_over(
     # a holder killed while it held the lock leaves the file, which the next writer takes over
     killed = subprocess.run([sys.executable, "-c", "import os; from tf_records import files\n"
                              f"with files.exclusive({folder!r}, 'x'): os.kill(os.getpid(), 9)"],
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+                            capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert killed.returncode == -9 and os.path.exists(os.path.join(folder, files.LOCK))
     with files.exclusive(folder, "The run folder"):
         assert json.load(open(os.path.join(folder, files.LOCK)))["pid"] == os.getpid()

@@ -1,11 +1,13 @@
 """The command line shared by train_gpu.py and train_tpu.py.
 
-`define_flags()` (called by the two programs, never on import) defines the flags: the
-data and run flags below, one flag per `TrainConfig` field (its default and help), and
-one override flag per model hyper-parameter. Flag names follow the original
-`tf/train_gpu.py` and `tf/train.py`. `--config` is a run preset (`quickstart`, the
+`define_flags()` (called by the two programs, never on import) defines the flags, each in
+its --help group: the data and run flags below, one flag per `TrainConfig` field (its help,
+and as default the value a bare command uses: the quickstart preset's where it sets one,
+else the field's), and one override flag per model hyper-parameter. Flag names follow the
+original `tf/train_gpu.py` and `tf/train.py`. `--config` is a run preset (`quickstart`, the
 default: model, corpus and training settings), a model preset, or a config.json; flags
-given on the command line override it. Unknown or misspelt flags are an error.
+given on the command line override it, and without a run preset a flag not given takes
+`TrainConfig`'s default. Unknown or misspelt flags are an error.
 """
 
 import dataclasses
