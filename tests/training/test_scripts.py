@@ -97,6 +97,13 @@ def test_quickstart_on_the_default_corpus_lowers_validation_loss(tmp_path):
     before, after = results["before"], results["after"]
     assert after["loss"] < before["loss"] - 1.0, (before, after)
     assert "validation bpc" in result.stdout
+    # the same command again finds the finished run: it trains nothing and evaluates the same weights
+    again = run(command, timeout=600, cwd=str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to train: the run is at step 150" in again.stdout
+    assert "step     150 |" not in again.stdout
+    loss = float(again.stdout.split("eval valid: loss ")[-1].split()[0])
+    assert loss == pytest.approx(after["loss"], abs=1e-4)
 
 
 def test_a_worker_whose_peer_dies_mid_training_exits_with_an_error(tmp_path):

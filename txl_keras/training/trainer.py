@@ -299,6 +299,9 @@ class Trainer:
         info = self.train_records()
         if not self._started:
             self.restore_or_warm_start()
+        if int(self.step.numpy()) >= tc.train_steps:  # a finished run, started again
+            self.log(f"nothing to train: the run is at step {int(self.step.numpy())} (--train_steps={tc.train_steps})")
+            return int(self.step.numpy())
         if self._iterator is None or self._iterator[0] != int(self.step.numpy()):
             # A new iterator (and a new trace) only when the data position moved otherwise.
             self._iterator = [int(self.step.numpy()), self._train_iterator(info)]
