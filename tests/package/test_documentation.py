@@ -156,7 +156,7 @@ WITHOUT_TXL_KERAS = "import sys\nsys.modules['txl_keras'] = None\nsys.modules['t
 def test_the_readme_runs_as_pasted(tmp_path):
     """The first command's run folder stood in for by a tiny run, the released models by
     stand-ins on a local server: the README's commands of using a trained model, then its
-    Python blocks in one session (the SavedModel's in a Python without txl_keras)."""
+    Python blocks in one process (the SavedModel's in a Python without txl_keras)."""
     quickstart_stand_in(tmp_path)
     using = commands("README.md", "### Generate and score from the command line") + \
         commands("README.md", "### Export a SavedModel")
