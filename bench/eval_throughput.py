@@ -9,7 +9,8 @@ and the paper's evaluation-speed experiment at small scale.
    (ring buffers written in place) instead of re-projected; `--ablations` adds a run
    without XLA (`TrainConfig.eval_xla=False`). `--baseline=DIR` adds the txl_keras checkout
    in DIR (another commit) as a side. Peak memory is also given above the RSS right after
-   importing the framework (TensorFlow's import is larger than torch's).
+   importing the framework (TensorFlow's import is larger than torch's), and on a GPU the
+   device's peak memory.
    `--model=wt103_base` instead: the paper's wt103 evaluation (tgt_len 128, mem_len 1,600,
    clamp_len 1,000, same_length, zero-filled memory as the converted weights have) of the
    `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) on
@@ -91,7 +92,10 @@ def txl_eval_worker(c, e):
         start = time.perf_counter()
         result = trainer.evaluate(progress=False, summaries=False)
         rates.append(result["tokens"] / (time.perf_counter() - start))
-    return {"tokens_per_s": max(rates), "peak_rss_mb": peak_rss_mb(), "import_rss_mb": imported_mb}
+    out = {"tokens_per_s": max(rates), "peak_rss_mb": peak_rss_mb(), "import_rss_mb": imported_mb}
+    if tf.config.list_physical_devices("GPU"):  # on a GPU the memory that matters is the device's
+        out["gpu_peak_mb"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return out
 
 
 def hf_eval_worker(c, e):
@@ -203,7 +207,8 @@ def main():
             above = max(r["peak_rss_mb"] - r["import_rss_mb"] for r in runs)
             print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} (MFU-equivalent "
                   f"{max(rates[impl]) * flops / 1e9:.1f} GFLOP/s), peak RSS {peak:,.0f} MB, {above:,.0f} MB "
-                  "above the framework's import")
+                  "above the framework's import" +
+                  (f", GPU peak {max(r['gpu_peak_mb'] for r in runs):,.0f} MB" if "gpu_peak_mb" in runs[0] else ""))
     for impl in rates:
         if impl != "txl_keras":
             print(ratio_line(impl, rates["txl_keras"], rates[impl]))
