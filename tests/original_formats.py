@@ -1,6 +1,7 @@
 """Tiny weights and files in the layouts of the original implementation (TF checkpoints,
 cache.pkl), for the conversion tests and the README command tests."""
 
+import os
 import pickle
 import sys
 import types
@@ -60,23 +61,22 @@ def tf_arrays(rng, n_token, cutoffs, div_val, d_embed, untie_r, share_tail_projs
 
 
 def write_tf_checkpoint(path, arrays):
+    """`arrays` as the original code's TF1 Saver writes them at `path`: every variable with its
+    two Adam slots (which conversion drops), `global_step`, and the folder's `checkpoint` file."""
     import tensorflow as tf
 
-    graph = tf.Graph()
-    with graph.as_default():
-        for name, value in arrays.items():
-            tf.compat.v1.Variable(value, name=name)
-            tf.compat.v1.Variable(np.zeros_like(value), name=name + "/Adam")  # dropped
-            tf.compat.v1.Variable(np.zeros_like(value), name=name + "/Adam_1")
-        tf.compat.v1.Variable(np.int64(7), name="global_step")
-        saver = tf.compat.v1.train.Saver()
-        with tf.compat.v1.Session(graph=graph) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            prefix = saver.save(session, path)
-    reader = tf.train.load_checkpoint(prefix)  # the file holds every array as given
+    tensors = {"global_step": np.int64(7)}
+    for name, value in arrays.items():
+        tensors.update({name: value, name + "/Adam": np.zeros_like(value), name + "/Adam_1": np.zeros_like(value)})
+    names = sorted(tensors)
+    tf.raw_ops.SaveV2(prefix=path, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.constant(tensors[n]) for n in names])
+    with open(os.path.join(os.path.dirname(path), "checkpoint"), "w") as f:  # the Saver's text proto
+        f.write(f'model_checkpoint_path: "{path}"\nall_model_checkpoint_paths: "{path}"\n')
+    reader = tf.train.load_checkpoint(path)  # the file holds every array as given
     for name, value in arrays.items():
         np.testing.assert_array_equal(reader.get_tensor(name), value, err_msg=name)
-    return prefix
+    return path
 
 
 CASES = {  # name: (n_token, cutoffs, div_val, d_embed, untie_r, proj_share_all_but_first, proj_same_dim)

@@ -9,6 +9,7 @@ import pytest
 
 from txl_keras.layers import (AdaptiveEmbedding, AdaptiveSoftmax, MemoryCache, PositionalEmbedding,
                               PositionwiseFeedForward, RelativeAttention, ReplicaDropout, TransformerXLBlock)
+from txl_keras.layers.inference_cache import CacheStore
 
 CASES = [
     (lambda: PositionwiseFeedForward(128, 512), "PositionwiseFeedForward", "dropout", "512"),
@@ -23,7 +24,11 @@ CASES = [
     (lambda: TransformerXLBlock(2, 4, True), "TransformerXLBlock", "inner_dim", "True"),
     (lambda: ReplicaDropout(1.5), "ReplicaDropout", "rate", "1.5"),
     (lambda: PositionalEmbedding(8, clamp_len=-2), "PositionalEmbedding", "clamp_len", "-2"),
+    (lambda: PositionalEmbedding(7), "PositionalEmbedding", "hidden_dim", "7"),
     (lambda: MemoryCache(4, num_layers=0, hidden_dim=8), "MemoryCache", "num_layers", "0"),
+    (lambda: MemoryCache(-1, num_layers=2, hidden_dim=8), "MemoryCache", "mem_len", "-1"),
+    (lambda: MemoryCache(4, num_layers=2, hidden_dim=8, stateful=True), "MemoryCache", "batch_size", "None"),
+    (lambda: CacheStore(4, 2, 1, 8, batch_size=2, segment_length=0), "CacheStore", "segment_length", "0"),
     (lambda: AdaptiveEmbedding(100, 16, 0), "AdaptiveEmbedding", "hidden_dim", "0"),
     (lambda: AdaptiveSoftmax(100, -16, 16), "AdaptiveSoftmax", "embedding_dim", "-16"),
 ]

@@ -33,11 +33,15 @@ def blocks(document, section=None):
     from the heading `section` to the next heading of its level or above)."""
     text = read(document)
     if section is not None:
+        assert section + "\n" in text, f"{document} has no heading {section!r}"
         level = len(section) - len(section.lstrip("#"))
         body = text.split(section + "\n", 1)[1]
         ends = [m.start() for m in re.finditer(r"^#{1,%d} " % level, body, re.M)]
         text = body[:ends[0]] if ends else body
-    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.M | re.S)]
+    found = [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.M | re.S)]
+    fences = len(re.findall(r"^```", text, re.M))
+    assert fences == 2 * len(found), f"{document}: a code fence is not closed (a block would go unchecked)"
+    return found
 
 
 def commands(document, section=None):

@@ -1,4 +1,4 @@
-"""Small corpora, records and subprocess runs for the training tests."""
+"""Small corpora, records, subprocess runs and folder snapshots for the training tests."""
 
 import os
 import subprocess
@@ -38,6 +38,18 @@ def env(**extra):
     out = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     out.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **extra)
     out["PYTHONPATH"] = ROOT + os.pathsep + out.get("PYTHONPATH", "")
+    return out
+
+
+def snapshot(folder):
+    """Every file under `folder` with its bytes (and every folder, empty or not)."""
+    out = {}
+    for directory, names, found in os.walk(folder):
+        out[os.path.relpath(directory, folder) + "/"] = None
+        for name in found:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = f.read()
     return out
 
 

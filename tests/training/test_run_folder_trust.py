@@ -7,22 +7,11 @@ import os
 
 import numpy as np
 import pytest
-from helpers import build, make
+from helpers import build, make, snapshot
 
 from tf_records import files
 from txl_keras import TransformerXLConfig, run_folder
 from txl_keras.models import sizes
-
-
-def snapshot(folder):
-    """Every file under `folder` with its bytes."""
-    out = {}
-    for directory, _, found in os.walk(folder):
-        for name in found:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, folder)] = f.read()
-    return out
 
 
 @pytest.fixture(scope="module")

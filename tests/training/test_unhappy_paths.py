@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import build, env, run, train_command, write_corpus
+from helpers import build, env, run, snapshot, train_command, write_corpus
 
 from tf_records.vocabulary import Vocabulary
 from txl_keras import TransformerXLConfig, run_folder
@@ -21,18 +21,6 @@ from txl_keras.generate import sampler_from
 from txl_keras.training import TrainConfig
 
 PY = sys.executable
-
-
-def snapshot(folder):
-    """Every file under `folder` with its bytes (and every folder, empty or not)."""
-    out = {}
-    for directory, names, found in os.walk(folder):
-        out[os.path.relpath(directory, folder) + "/"] = None
-        for name in found:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, folder)] = f.read()
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,12 @@ def non_negative_int(layer, name, value):
     return int_at_least(layer, name, value, 0, "a non-negative integer")
 
 
+def positive_even_int(layer, name, value):
+    if not _is_int(value) or value < 2 or value % 2:
+        _fail(layer, name, "a positive even integer", value)
+    return int(value)
+
+
 def rate(layer, name, value):
     """A dropout rate: a number in [0, 1)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value < 1:

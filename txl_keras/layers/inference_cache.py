@@ -10,6 +10,7 @@ from keras.src.utils import tracking
 
 from txl_keras import kernels
 from txl_keras.kernels.ring_buffer import append_rows, append_rows_reference, ring_rows
+from txl_keras.layers import arguments
 from txl_keras.layers.memory_cache import state_variable
 
 MAX_WRITES = 8  # in-place writes per ring and segment in a `CacheStore`, at most
@@ -124,11 +125,10 @@ class CacheStore(keras.layers.Layer):
 
     def __init__(self, mem_len, num_layers, groups, width, batch_size, segment_length, **kwargs):
         super().__init__(**kwargs)
-        for name, value in (("mem_len", mem_len), ("num_layers", num_layers), ("groups", groups),
-                            ("width", width), ("batch_size", batch_size), ("segment_length", segment_length)):
-            low, kind = (0, "a non-negative") if name == "mem_len" else (1, "a positive")
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"Expected `{name}` to be {kind} integer. Received: {name}={value!r}")
+        arguments.non_negative_int(type(self).__name__, "mem_len", mem_len)
+        for name, value in (("num_layers", num_layers), ("groups", groups), ("width", width),
+                            ("batch_size", batch_size), ("segment_length", segment_length)):
+            arguments.positive_int(type(self).__name__, name, value)
         self.mem_len = mem_len
         self.num_layers = num_layers
         self.groups = groups

@@ -84,19 +84,14 @@ class MemoryCache(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(mem_len, int) or mem_len < 0:
-            raise ValueError(
-                f"Expected `mem_len` to be a non-negative integer. Received: mem_len={mem_len}"
-            )
-        if stateful and (not isinstance(batch_size, int) or batch_size <= 0):
-            raise ValueError(
-                "A stateful MemoryCache needs the per-replica batch size. Expected "
-                f"`batch_size` to be a positive integer. Received: batch_size={batch_size}"
-            )
-        self.mem_len = mem_len
-        self.num_layers = arguments.positive_int(type(self).__name__, "num_layers", num_layers)
-        self.hidden_dim = arguments.positive_int(type(self).__name__, "hidden_dim", hidden_dim)
-        self.ext_len = arguments.non_negative_int(type(self).__name__, "ext_len", ext_len)
+        layer = type(self).__name__
+        if stateful:
+            arguments.int_at_least(layer, "batch_size", batch_size, 1,
+                                   "a positive integer (a stateful MemoryCache needs the per-replica batch size)")
+        self.mem_len = arguments.non_negative_int(layer, "mem_len", mem_len)
+        self.num_layers = arguments.positive_int(layer, "num_layers", num_layers)
+        self.hidden_dim = arguments.positive_int(layer, "hidden_dim", hidden_dim)
+        self.ext_len = arguments.non_negative_int(layer, "ext_len", ext_len)
         self.stateful = stateful
         self.batch_size = batch_size
         self.zero_init = zero_init

@@ -41,12 +41,7 @@ class PositionalEmbedding(keras.layers.Layer):
 
     def __init__(self, hidden_dim, clamp_len=-1, **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(hidden_dim, int) or hidden_dim <= 0 or hidden_dim % 2:
-            raise ValueError(
-                "Expected `hidden_dim` to be a positive even integer. "
-                f"Received: hidden_dim={hidden_dim}"
-            )
-        self.hidden_dim = hidden_dim
+        self.hidden_dim = arguments.positive_even_int(type(self).__name__, "hidden_dim", hidden_dim)
         self.clamp_len = arguments.int_at_least(type(self).__name__, "clamp_len", clamp_len, -1,
                                                 "an integer: > 0 clamps, -1 or 0 does not")
         self.built = True

@@ -299,18 +299,18 @@ class Trainer:
         info = self.train_records()
         if not self._started:
             self.restore_or_warm_start()
-        if int(self.step.numpy()) >= tc.train_steps:  # a finished run, started again
-            self.log(f"nothing to train: the run is at step {int(self.step.numpy())} (--train_steps={tc.train_steps})")
-            return int(self.step.numpy())
-        if self._iterator is None or self._iterator[0] != int(self.step.numpy()):
+        step = int(self.step.numpy())
+        if step >= tc.train_steps:  # a finished run, started again
+            self.log(f"nothing to train: the run is at step {step} (--train_steps={tc.train_steps})")
+            return step
+        if self._iterator is None or self._iterator[0] != step:
             # A new iterator (and a new trace) only when the data position moved otherwise.
-            self._iterator = [int(self.step.numpy()), self._train_iterator(info)]
+            self._iterator = [step, self._train_iterator(info)]
         iterator = self._iterator[1]
         if self._train_fn is None:
             self.optimizer  # its variables exist before the step is traced
             self._train_fn = self._build_train_fn()
         tokens_per_step = tc.train_batch_size * self.num_hosts * self.config.tgt_len
-        step = int(self.step.numpy())
         self.log(f"training from step {step} to {tc.train_steps}: {self.replicas} replicas, "
                  f"{self.per_replica} streams x {self.config.tgt_len} tokens each per step")
         self.write_summaries("train", step, texts={
