@@ -6,7 +6,7 @@ Build records with `python -m tf_records --dataset=NAME ...`; read them back wit
 
 from tf_records import startup
 
-startup.quiet_program_start()  # before TensorFlow is first imported
+startup.quiet_tensorflow()  # before TensorFlow is first imported
 
 from tf_records.build import build_records, load_corpus_info  # noqa: E402
 from tf_records.corpora import Corpus, load_corpus  # noqa: E402

@@ -116,9 +116,9 @@ def text8(data_dir, test_chars=ENWIK8_TEST_CHARS, vocab=None, **_):
     """Characters of `text8` (or `text8.zip`), split 90M/5M/5M, spaces written `_`."""
     raw = _read_maybe_zipped(data_dir, "text8", "text8").decode("utf-8")
     parts = {s: p.strip().replace(" ", "_") for s, p in _three_way(raw, test_chars).items()}
-    vocab = vocab or Vocabulary.from_counts(
-        Vocabulary.count_chars(parts[s] for s in SPLITS), level="char", lower_case=True
-    )
+    if vocab is None:
+        counts = Vocabulary.count_chars(parts[s] for s in SPLITS)
+        vocab = Vocabulary.from_counts(counts, level="char", lower_case=True, space_symbol="_" if "_" in counts else None)
     return Corpus("text8", vocab, {s: (lambda s=s: _nonempty(vocab.encode_chars(parts[s]), "text8", s))
                                    for s in SPLITS})
 

@@ -73,6 +73,7 @@ def load_cache_vocab(path):
     if dataset == "enwik8":
         return Vocabulary(symbols, level="byte", lower_case=True), dataset
     if dataset == "text8":
-        return Vocabulary(symbols, level="char", lower_case=True), dataset
+        return Vocabulary(symbols, level="char", lower_case=True,
+                          space_symbol="_" if "_" in symbols else None), dataset
     return Vocabulary(symbols, lower_case=bool(vstate.get("lower_case", False)),
                       add_eos=dataset != "lm1b", add_double_eos=dataset == "lm1b", unk_symbol=unk), dataset

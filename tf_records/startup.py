@@ -1,4 +1,4 @@
-"""A quiet start for the project's programs: TensorFlow's start-up lines kept off the terminal.
+"""A quiet start: TensorFlow's start-up lines kept off the terminal.
 
 Importing TensorFlow and probing its devices writes lines straight to the process's
 stderr from C++, before any log level applies: the oneDNN and CPU-instruction notices,
@@ -8,9 +8,9 @@ its devices with stderr captured, then writes back every captured line that is n
 of those notices (a real warning or error still shows), and sets `TF_CPP_MIN_LOG_LEVEL=1`
 (C++ info lines off, warnings and errors on) unless the environment sets it.
 
-The programs (`train_gpu.py`, `train_tpu.py`, `python -m tf_records`, `python -m
-txl_keras.*`) start this way; `--verbosity=1` (or higher) or `TXL_KERAS_TF_LOGS=1` shows
-everything TensorFlow prints. Importing the packages from Python changes nothing.
+Importing `tf_records` or `txl_keras` (from Python, on any Keras backend, and so every
+program) starts this way when TensorFlow is not imported yet; `--verbosity=1` (or higher) on
+the command line or `TXL_KERAS_TF_LOGS=1` shows everything TensorFlow prints.
 """
 
 import os
@@ -19,8 +19,6 @@ import sys
 import tempfile
 
 ENVIRONMENT = "TXL_KERAS_TF_LOGS"
-PROGRAM_SCRIPTS = ("train_gpu.py", "train_tpu.py")
-PROGRAM_PACKAGES = ("tf_records", "txl_keras")
 _NOISE = [
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
     r"I\d{4} .*",  # C++ information lines (oneDNN, CPU instructions, CUDA drivers not found, devices)
@@ -28,22 +26,6 @@ _NOISE = [
     r"E\d{4} .*Unable to register cu(DNN|FFT|BLAS) factory: .*",  # duplicate plugin registration
 ]
 _NO_GPU_PROBE = r"E\d{4} .*failed call to cuInit: .*"
-
-
-def running_program(argv=None, orig_argv=None):
-    """Whether this process is one of the project's programs (not a user's script)."""
-    orig_argv = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
-    i = 1
-    while i < len(orig_argv):  # the interpreter's own options, up to the script, -c or -m
-        arg = orig_argv[i]
-        if arg.startswith("-m"):
-            module = arg[2:] or (orig_argv[i + 1] if i + 1 < len(orig_argv) else "")
-            return module.split(".")[0] in PROGRAM_PACKAGES
-        if arg.startswith("-c") or not arg.startswith("-") or arg in ("-", "--"):
-            break
-        i += 2 if arg in ("-X", "-W", "--check-hash-based-pycs") else 1
-    argv = sys.argv if argv is None else argv
-    return bool(argv) and os.path.basename(argv[0]) in PROGRAM_SCRIPTS
 
 
 def verbose(argv=None, environ=None):
@@ -89,9 +71,3 @@ def quiet_tensorflow():
             text = capture.read().decode("utf-8", errors="replace")
             for line in kept_lines(text, _has_gpu_device_files()):
                 print(line, file=sys.stderr)
-
-
-def quiet_program_start():
-    """`quiet_tensorflow()` when this process is one of the project's programs."""
-    if running_program():
-        quiet_tensorflow()

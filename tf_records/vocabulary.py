@@ -17,14 +17,14 @@ class Vocabulary:
     `level="word"`: a line is stripped, lower-cased if `lower_case`, split on
     whitespace, then wrapped `<S> ... <S>` if `add_double_eos` or followed by `<eos>`
     if `add_eos`. `level="char"`: a symbol per character (text8 turns spaces into
-    `_` before). `level="byte"`: a symbol per byte value, written as its decimal
+    `_` before: its `space_symbol`). `level="byte"`: a symbol per byte value, written as its decimal
     string like the original enwik8 files; newline bytes are not symbols.
     Unknown symbols map to `unk_symbol` when the vocabulary has one, else they are an
     error.
     """
 
     def __init__(self, symbols, level="word", lower_case=False, add_eos=False,
-                 add_double_eos=False, unk_symbol=None):
+                 add_double_eos=False, unk_symbol=None, space_symbol=None):
         if level not in LEVELS:
             raise ValueError(f"Expected `level` in {LEVELS}. Received: {level!r}")
         self.symbols = list(symbols)
@@ -38,6 +38,9 @@ class Vocabulary:
             raise ValueError("A vocabulary cannot hold the same symbol twice.")
         if unk_symbol is not None and unk_symbol not in self.index:
             raise ValueError(f"The unknown symbol {unk_symbol!r} is not in the vocabulary.")
+        if space_symbol is not None and (level != "char" or space_symbol not in self.index):
+            raise ValueError(f"A space symbol is a symbol of a char-level vocabulary. Received: {space_symbol!r}")
+        self.space_symbol = space_symbol
         self.unk_id = self.index.get(unk_symbol) if unk_symbol is not None else None
         self._byte_table = None
 
@@ -101,6 +104,8 @@ class Vocabulary:
         """int32 ids of every character of a string, newlines included (char level)."""
         if self.lower_case:
             text = text.lower()
+        if self.space_symbol is not None:
+            text = text.replace(" ", self.space_symbol)
         points = np.frombuffer(text.encode("utf-32-le"), np.uint32)
         unique, inverse = np.unique(points, return_inverse=True)
         mapping = np.asarray([self.lookup(chr(u)) for u in unique], np.int32)
@@ -128,7 +133,7 @@ class Vocabulary:
             data = bytes(int(s) if s.isdigit() else ord("?") for s in symbols)
             return data.decode("utf-8", errors="replace")
         if self.level == "char":
-            return "".join(symbols)
+            return "".join(" " if s == self.space_symbol else s for s in symbols)
         return " ".join(symbols)
 
     # -- building and saving -----------------------------------------------------------
@@ -183,6 +188,7 @@ class Vocabulary:
             "add_eos": self.add_eos,
             "add_double_eos": self.add_double_eos,
             "unk_symbol": self.unk_symbol,
+            **({"space_symbol": self.space_symbol} if self.space_symbol is not None else {}),
             "symbols": self.symbols,
         }
 

@@ -1,10 +1,11 @@
 """txl_keras: Transformer-XL (Dai et al., 2019) for Keras 3 and TensorFlow 2.
 
-`import txl_keras` loads the layers and models; the rest is reached lazily on first use:
-`txl_keras.training`, `txl_keras.export` / `txl_keras.export_saved_model`,
-`txl_keras.generate` (the module; `txl_keras.generate.generate` the function),
-`txl_keras.convert`, `txl_keras.run_folder`, `txl_keras.pretrained` (the paper's released
-models), `txl_keras.TextModel` (text in, text out).
+`import txl_keras` loads the layers, the models, the tokenizer and the text task
+(`TransformerXLCausalLM`: text in, text out, `fit` on text, presets); the rest is reached
+lazily on first use: `txl_keras.training`, `txl_keras.export` /
+`txl_keras.export_saved_model`, `txl_keras.generate` (the module;
+`txl_keras.generate.generate` the function), `txl_keras.convert`, `txl_keras.run_folder`,
+`txl_keras.presets` (names and folders -> config, weights and vocabulary).
 
 Importing it calls `txl_keras.tf_backend.install()`: TensorFlow's BFC CPU allocator is
 selected (unless the environment sets `TF_CPU_ALLOCATOR_USE_BFC`), and on the TensorFlow
@@ -20,13 +21,16 @@ tf_backend.install()  # before TensorFlow makes its CPU device
 
 from txl_keras import kernels, layers  # noqa: E402
 from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, TransformerXLLM  # noqa: E402
+from txl_keras.tokenizers import TransformerXLTokenizer  # noqa: E402
+from txl_keras.tasks import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor  # noqa: E402
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("convert", "export", "generate", "pretrained", "run_folder", "text", "training")
-_LAZY_NAMES = {"export_saved_model": "export", "load_trained_model": "run_folder", "TextModel": "text"}
+_LAZY_MODULES = ("convert", "export", "generate", "presets", "run_folder", "training")
+_LAZY_NAMES = {"export_saved_model": "export", "load_trained_model": "run_folder"}
 
-__all__ = ["PRESETS", "TransformerXL", "TransformerXLConfig", "TransformerXLLM", "kernels", "layers",
+__all__ = ["PRESETS", "TransformerXL", "TransformerXLCausalLM", "TransformerXLCausalLMPreprocessor",
+           "TransformerXLConfig", "TransformerXLLM", "TransformerXLTokenizer", "kernels", "layers",
            *_LAZY_MODULES, *_LAZY_NAMES]
 
 

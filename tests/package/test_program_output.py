@@ -36,12 +36,7 @@ def test_start_up_notices_are_left_out_and_real_lines_kept():
     assert any("cuInit" in line for line in startup.kept_lines(CAPTURED, has_gpu=True))
 
 
-def test_only_the_projects_programs_start_quietly():
-    assert startup.running_program(orig_argv=["python", "-m", "txl_keras.export", "--output=x"])
-    assert startup.running_program(orig_argv=["python", "-X", "dev", "-mtf_records"])
-    assert not startup.running_program(argv=["my_script.py"], orig_argv=["python", "my_script.py", "-m", "x"])
-    assert not startup.running_program(argv=["-c"], orig_argv=["python", "-c", "import txl_keras"])
-    assert startup.running_program(argv=["/x/train_gpu.py"], orig_argv=["python", "/x/train_gpu.py"])
+def test_verbosity_is_read_from_the_flags_and_the_environment():
     assert startup.verbose(["--verbosity=1"], {}) and startup.verbose([], {startup.ENVIRONMENT: "1"})
     assert not startup.verbose(["--verbosity=0"], {}) and not startup.verbose([], {})
 
@@ -63,6 +58,15 @@ def test_a_program_prints_its_own_lines_and_verbosity_brings_tensorflows_back(tm
     assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1, usage.stderr
     loud = _run(["-m", "txl_keras.generate", f"--model_dir={missing}", "--prompt=a"], TXL_KERAS_TF_LOGS="1")
     assert loud.returncode == 1 and len(loud.stderr.splitlines()) >= len(raw) + 1
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_importing_the_library_prints_nothing(backend):
+    raw = _run(["-c", "import tensorflow as tf; tf.config.list_physical_devices()"])
+    assert raw.stderr.strip(), "TensorFlow printed nothing on start-up: this test checks nothing here"
+    quiet = _run(["-c", "import txl_keras, keras; keras.ops.ones(2); print(keras.config.backend())"],
+                 KERAS_BACKEND=backend)
+    assert quiet.returncode == 0 and quiet.stdout.strip() == backend and quiet.stderr == "", quiet.stderr
 
 
 def _help_defaults(text):

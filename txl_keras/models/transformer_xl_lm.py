@@ -111,17 +111,15 @@ class TransformerXLLM(keras.Model):
         return super().__call__(as_ids(tokens), *args, targets=as_ids(targets), **kwargs)
 
     @classmethod
-    def from_preset(cls, preset, url=None, cache_dir=None, **kwargs):
-        """A model of `preset`: an architecture preset (`PRESETS`: random weights), a released
-        model (`txl_keras.pretrained.RELEASES`, e.g. "transfo_xl_wt103": downloaded, converted
-        and cached on first use, with the paper's evaluation settings), or the path of a run
-        folder, a converted folder or a local folder in the release layout (its weights).
-        `url` and `cache_dir`: see `txl_keras.pretrained`."""
-        if preset in PRESETS:
-            return cls(TransformerXLConfig.from_preset(preset), **kwargs)
-        from txl_keras import pretrained
-
-        return pretrained.load(preset, url=url, cache_dir=cache_dir, **kwargs)
+    def from_preset(cls, preset, **kwargs):
+        """An untrained model of an architecture preset (`PRESETS`, e.g. "wt103_base":
+        random weights). Trained models (the paper's releases such as "transfo_xl_wt103",
+        run folders, saved presets) load with `txl_keras.TransformerXLCausalLM.from_preset`,
+        whose `.model` is this class. `kwargs` go to the constructor (`dtype`, ...)."""
+        if preset not in PRESETS:
+            raise ValueError(f"{preset!r} is not an architecture preset ({', '.join(sorted(PRESETS))}). A trained "
+                             f"model loads with txl_keras.TransformerXLCausalLM.from_preset({preset!r}).model.")
+        return cls(TransformerXLConfig.from_preset(preset), **kwargs)
 
     def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
         """An `InferenceCache` of an empty memory (see `TransformerXL.init_cache`)."""

@@ -1,0 +1,352 @@
+"""`TransformerXLCausalLM`: the language model a user holds, with its tokenizer and preprocessor."""
+
+import dataclasses
+import datetime
+import json
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from tf_records import files
+from txl_keras import generate as generation
+from txl_keras import presets as preset_resolver
+from txl_keras.layers import MemoryCache
+from txl_keras.models import TransformerXLLM, sizes
+from txl_keras.run_folder import load_trained_model, load_weights, save_weights
+from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+from txl_keras.tasks.perplexity import Perplexity
+from txl_keras.tasks.schedule import WarmupCosine
+from txl_keras.tokenizers import TransformerXLTokenizer
+
+PAPER_LEARNING_RATE = 2.5e-4
+PAPER_CLIP_NORM = 0.25
+
+
+@dataclasses.dataclass
+class TextScore:
+    """How likely a text is under the model.
+
+    Fields:
+        tokens: the symbols scored (every token of the text but the first).
+        log_likelihoods: float32 `(len(tokens),)`, each token's log-probability (nats)
+            given the text before it.
+        perplexity: `exp` of the mean negative log-likelihood per token.
+        bits_per_character: the total negative log-likelihood in bits over the text's
+            characters (bytes at byte level).
+    """
+
+    tokens: list
+    log_likelihoods: np.ndarray
+    perplexity: float
+    bits_per_character: float
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class TransformerXLCausalLM(keras.Model):
+    """A Transformer-XL language model with its tokenizer: text in, text out, `fit` on text.
+
+    The task holds `model` (a `TransformerXLLM`: the backbone `model.backbone` and the
+    adaptive-softmax head) and `preprocessor` (a `TransformerXLCausalLMPreprocessor`,
+    whose `tokenizer` is a `TransformerXLTokenizer`), as KerasHub's `CausalLM` does.
+
+    Where Transformer-XL differs from KerasHub's causal LMs:
+    - `fit(texts, batch_size=B)` trains on `B` contiguous streams of the text, segment
+      after segment, and the memory carries across `fit`'s batches as in the trainers
+      (it starts empty at every epoch and every evaluation); the batches must stay in
+      order (a list of strings is never shuffled). One epoch over `N` tokens is
+      `ceil((N - 1) / (B * tgt_len))` steps.
+    - The loss is the adaptive softmax's negative log-likelihood in nats; the metrics
+      receive `(targets, per-token NLL)`. `compile()` with no arguments gives the paper's
+      recipe: Adam, gradient clipping at a global norm of 0.25, a linear warmup (a tenth
+      of the steps, at most 1,000) then a cosine decay to 0.004 of the peak 2.5e-4,
+      sized from the first `fit`'s epochs and steps, and a perplexity metric.
+    - `score` and `generate` read long text through the memory (the model's `tgt_len`,
+      `mem_len`, `clamp_len`: a released model carries the paper's evaluation settings).
+
+    Args:
+        model: a `TransformerXLLM`.
+        preprocessor: a `TransformerXLCausalLMPreprocessor` (its tokenizer's vocabulary
+            has `model.config.n_token` symbols).
+        **kwargs: `name`.
+
+    Call arguments:
+        inputs: `{"token_ids": int (batch_size, T), "target_ids": int (batch_size, T)}`.
+        training: bool.
+
+    Returns:
+        float32 `(batch_size, T)`, the NLL (nats) of each target given the memory.
+
+    Example:
+        >>> lm = TransformerXLCausalLM.from_preset("transfo_xl_wt103")  # doctest: +SKIP
+        >>> lm.generate("The history of", max_new_tokens=20)  # doctest: +SKIP
+        >>> lm.fit(["my text ...", "more text ..."], batch_size=4, epochs=1)  # doctest: +SKIP
+        >>> lm.save_to_preset("my_wt103")  # doctest: +SKIP
+    """
+
+    def __init__(self, model, preprocessor, **kwargs):
+        super().__init__(**kwargs)
+        vocabulary = preprocessor.tokenizer.vocabulary
+        if vocabulary is not None and len(vocabulary) != model.config.n_token:
+            raise ValueError(f"The tokenizer has {len(vocabulary)} symbols but the model has n_token="
+                             f"{model.config.n_token}; pair the model with the vocabulary of its records.")
+        self.model = model
+        self.preprocessor = preprocessor
+        self.stream_memory = None  # a stateful MemoryCache of fit's batch size, made by fit
+        self._schedule = None
+
+    @property
+    def tokenizer(self):
+        return self.preprocessor.tokenizer
+
+    @property
+    def backbone(self):
+        return self.model.backbone
+
+    # -- presets ---------------------------------------------------------------------------
+
+    presets = preset_resolver.presets()
+
+    @classmethod
+    def from_preset(cls, preset, dtype=None, url=None, cache_dir=None):
+        """The task of a released model's name (`presets`: downloaded and converted on
+        first use), a run folder, a converted folder, a folder saved by
+        `save_to_preset`, or a local folder in the release layout; `dtype` a dtype
+        policy such as "mixed_bfloat16". Architecture presets ("wt103_base", ...) have no
+        trained weights or vocabulary: `TransformerXLLM.from_preset` builds those."""
+        found = preset_resolver.resolve(preset, url=url, cache_dir=cache_dir)
+        vocabulary = found.load_vocabulary()
+        kwargs = {} if dtype is None else {"dtype": dtype}
+        if found.kind == "preset folder":
+            model = TransformerXLLM(found.config, **kwargs)
+            load_weights(model, found.weights)
+        else:
+            model = load_trained_model(found.folder, **kwargs)
+        tokenizer = TransformerXLTokenizer(vocabulary)
+        return cls(model, TransformerXLCausalLMPreprocessor(tokenizer, model.config.tgt_len))
+
+    def save_to_preset(self, preset_dir):
+        """Write the task as a preset folder that `from_preset` reads: `config.json` (the
+        serialized `TransformerXLLM`), `metadata.json`, `model.weights.h5`,
+        `tokenizer.json`, `preprocessor.json` and `assets/tokenizer/vocab.json`. The folder
+        is written whole (staged, then published); an existing non-empty folder is refused."""
+        config = self.model.config
+        metadata = {"keras_version": keras.__version__, "txl_keras_version": _version(),
+                    "parameter_count": sizes.parameter_count(config),
+                    "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
+                    "class_name": type(self).__name__}
+
+        def write_json(folder, name, value):
+            files.atomic_write(files.join(folder, name), json.dumps(value, indent=2))
+
+        with files.staged_folder(preset_dir, "a preset", last=preset_resolver.METADATA) as staging:
+            write_json(staging, "config.json", keras.saving.serialize_keras_object(self.model))
+            save_weights(self.model, files.join(staging, preset_resolver.WEIGHTS))
+            write_json(staging, preset_resolver.TOKENIZER, keras.saving.serialize_keras_object(self.tokenizer))
+            write_json(staging, "preprocessor.json", keras.saving.serialize_keras_object(self.preprocessor))
+            assets = files.join(staging, preset_resolver.TOKENIZER_ASSETS)
+            files.makedirs(assets)
+            self.tokenizer.save_assets(assets)
+            write_json(staging, preset_resolver.METADATA, metadata)
+        return preset_dir
+
+    # -- training --------------------------------------------------------------------------
+
+    def call(self, inputs, training=False):
+        tokens, targets = inputs["token_ids"], inputs["target_ids"]
+        if self.stream_memory is None:
+            return self.model(tokens, targets=targets, training=training)["nll"]
+        mems, valid = self.stream_memory.read()
+        out = self.model(tokens, targets=targets, mems=mems, memory_valid=valid, training=training)
+        self.stream_memory.write(out["mems"], out["memory_valid"])
+        return out["nll"]
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """The mean NLL (nats) of the targets, padding (weight 0) left out."""
+        nll = ops.cast(y_pred, "float32")
+        if sample_weight is None:
+            loss = ops.mean(nll)
+        else:
+            weight = ops.cast(sample_weight, "float32")
+            loss = ops.sum(nll * weight) / ops.maximum(ops.sum(weight), 1.0)
+        for extra in self.losses:
+            loss = loss + ops.cast(extra, "float32")
+        return loss
+
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", jit_compile=False, **kwargs):
+        """Keras's `compile` with the paper's defaults (see the class docstring). `loss`
+        must stay "auto": the loss is the adaptive softmax's NLL."""
+        if loss not in ("auto", None):
+            raise ValueError("TransformerXLCausalLM computes its own loss (the adaptive softmax's negative "
+                             f"log-likelihood in nats); leave `loss` as 'auto'. Received: loss={loss!r}")
+        self._schedule = None
+        if optimizer == "auto":
+            self._schedule = WarmupCosine(PAPER_LEARNING_RATE)
+            optimizer = keras.optimizers.Adam(self._schedule, global_clipnorm=PAPER_CLIP_NORM)
+        if metrics == "auto":
+            metrics = [Perplexity()]
+        super().compile(optimizer=optimizer, metrics=metrics, jit_compile=jit_compile, **kwargs)
+
+    def fit(self, x=None, batch_size=None, epochs=1, validation_data=None, callbacks=None, **kwargs):
+        """Train on text: `x` a string, a list of strings or a `tf.data.Dataset` of
+        strings (read in order as one text, see `TransformerXLCausalLMPreprocessor`),
+        `batch_size` the number of streams (default 1). The memory carries across
+        batches; see the class docstring. Other arguments as Keras's `fit`."""
+        batch_size = 1 if batch_size is None else batch_size
+        if kwargs.get("shuffle"):
+            raise ValueError("fit keeps the text's segments in order (the memory follows the streams); "
+                             "drop shuffle=True.")
+        kwargs.pop("shuffle", None)
+        if not self.compiled:
+            self.compile()
+        data = self.preprocessor.stream_dataset(_texts(x), batch_size)
+        steps = int(data.cardinality())
+        if self._schedule is not None and not self._schedule.sized:
+            total = steps * epochs if kwargs.get("steps_per_epoch") is None else kwargs["steps_per_epoch"] * epochs
+            self._schedule.size(total)
+            self.train_function = None
+        if validation_data is not None:
+            validation_data = self.preprocessor.stream_dataset(_texts(validation_data), batch_size)
+        self._use_stream_memory(batch_size)
+        callbacks = list(callbacks or []) + [_FreshMemory(self)]
+        return super().fit(data, epochs=epochs, validation_data=validation_data, callbacks=callbacks,
+                           shuffle=False, **kwargs)
+
+    def evaluate(self, x=None, batch_size=None, callbacks=None, **kwargs):
+        """The loss and metrics of text (as `fit` reads it) through the memory."""
+        if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: the batches are made already
+            return super().evaluate(x, batch_size=batch_size, callbacks=callbacks, **kwargs)
+        batch_size = 1 if batch_size is None else batch_size
+        if not self.compiled:
+            self.compile()
+        data = self.preprocessor.stream_dataset(_texts(x), batch_size)
+        self._use_stream_memory(batch_size)
+        return super().evaluate(data, callbacks=list(callbacks or []) + [_FreshMemory(self)], **kwargs)
+
+    def _use_stream_memory(self, batch_size):
+        """Hold the memory of `batch_size` streams across batches (a new one for a new size)."""
+        memory = self.stream_memory
+        if memory is not None and memory.batch_size == batch_size:
+            return
+        config = self.model.config
+        if memory is not None:
+            del self.stream_memory
+        self.stream_memory = MemoryCache(config.mem_len, config.n_layer, config.d_model, ext_len=config.ext_len,
+                                         stateful=True, batch_size=batch_size, zero_init=config.mem_init == "zeros",
+                                         dtype=self.model.dtype_policy, name="stream_memory")
+        self.train_function = self.test_function = self.predict_function = None
+
+    def reset_memory(self):
+        """Start every stream afresh (fit and evaluate do at each epoch and evaluation)."""
+        if self.stream_memory is not None:
+            self.stream_memory.reset()
+
+    # -- text in, text out -------------------------------------------------------------------
+
+    def score(self, text):
+        """A `TextScore` of `text` (its tokens as the tokenizer reads text: at word level,
+        each line followed by its end symbol), read through the memory in segments of
+        `tgt_len`."""
+        ids = np.asarray(self.tokenizer(text))
+        if len(ids) < 2:
+            raise ValueError(f"Expected a text of at least 2 tokens (the first is only context). Received: {text!r}")
+        nll = generation.score(self.model, ids[None])[0].astype(np.float64)
+        characters = len(text.encode("utf-8")) if self.tokenizer.vocabulary.level == "byte" else len(text)
+        return TextScore(tokens=[self.tokenizer.id_to_token(int(i)) for i in ids[1:]],
+                         log_likelihoods=(-nll).astype("float32"), perplexity=math.exp(min(nll.mean(), 700)),
+                         bits_per_character=float(nll.sum() / math.log(2) / max(characters, 1)))
+
+    def generate(self, inputs, max_new_tokens=100, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+                 stop_token_ids=None, strip_prompt=False):
+        """Continue a prompt (a string gives a string; a list of strings a list, each
+        prompt continued as it would be alone): `max_new_tokens` tokens sampled
+        (`temperature` 0: greedy; `top_k`, `top_p`; reproducible for a `seed`, see
+        `txl_keras.generate.generate`), ending at the first of `stop_token_ids` (ids or
+        tokens), which is kept. `strip_prompt=True` returns the continuation only."""
+        if isinstance(inputs, (list, tuple)):
+            return [self.generate(p, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, strip_prompt)
+                    for p in inputs]
+        if not isinstance(inputs, str):
+            raise ValueError(f"Expected a prompt string or a list of them. Received: {type(inputs).__name__}")
+        ids = np.asarray(self.preprocessor.generate_preprocess(inputs))
+        if len(ids) == 0:
+            raise ValueError(f"Expected a prompt that encodes to at least one token. Received: inputs={inputs!r}")
+        stops = self._stop_ids(stop_token_ids)
+        out = generation.generate(self.model, ids[None], max_new_tokens, temperature, top_k, top_p, seed,
+                                  stops[0] if len(stops) == 1 else None)[0]
+        new = [int(i) for i in out[len(ids):]]
+        ends = [k for k, i in enumerate(new) if i in stops]
+        new = new[: ends[0] + 1] if ends else new
+        text = self.preprocessor.generate_postprocess(np.concatenate([ids, np.asarray(new, np.int32)]))
+        if not strip_prompt:
+            return text
+        prompt = self.preprocessor.generate_postprocess(ids)
+        return text[len(prompt):] if text.startswith(prompt) else self.preprocessor.generate_postprocess(new)
+
+    def _stop_ids(self, stop_token_ids):
+        if stop_token_ids is None:
+            return []
+        values = stop_token_ids if isinstance(stop_token_ids, (list, tuple)) else [stop_token_ids]
+        ids = []
+        for value in values:
+            if isinstance(value, str):
+                ids.append(self.tokenizer.token_to_id(value))
+            elif isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
+                    and 0 <= value < self.tokenizer.vocabulary_size():
+                ids.append(int(value))
+            else:
+                raise ValueError(f"Expected `stop_token_ids` to hold token ids in [0, "
+                                 f"{self.tokenizer.vocabulary_size()}) or tokens. Received: {value!r}")
+        return ids
+
+    # -- serialization -------------------------------------------------------------------------
+
+    def get_config(self):
+        return {**{k: v for k, v in super().get_config().items() if k in ("name", "trainable")},
+                "model": keras.saving.serialize_keras_object(self.model),
+                "preprocessor": keras.saving.serialize_keras_object(self.preprocessor)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        model = keras.saving.deserialize_keras_object(config.pop("model"))
+        preprocessor = keras.saving.deserialize_keras_object(config.pop("preprocessor"))
+        return cls(model, preprocessor, **config)
+
+
+class _FreshMemory(keras.callbacks.Callback):
+    """Empty streams at every epoch and around every evaluation."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.task = task
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.task.reset_memory()
+
+    def on_test_begin(self, logs=None):
+        self.task.reset_memory()
+
+    def on_test_end(self, logs=None):
+        self.task.reset_memory()
+
+
+def _texts(x):
+    """A list of strings from a string, a list, an array or a `tf.data.Dataset` of strings."""
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset):
+        if x.element_spec != tf.TensorSpec([], tf.string) and not (
+                isinstance(x.element_spec, tf.TensorSpec) and x.element_spec.dtype == tf.string):
+            raise ValueError(f"Expected a dataset of strings. Received elements {x.element_spec}")
+        return [t for batch in x.as_numpy_iterator() for t in np.atleast_1d(batch).tolist()]
+    if x is None:
+        raise ValueError("Expected text to train on: a string, a list of strings or a tf.data.Dataset of strings.")
+    return x
+
+
+def _version():
+    import txl_keras
+
+    return txl_keras.__version__

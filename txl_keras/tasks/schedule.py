@@ -1,0 +1,53 @@
+"""`WarmupCosine`: the original trainers' learning rate, as a Keras schedule sized by `fit`."""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """A linear warmup from 0 to `peak` over `warmup_steps`, then the TF code's cosine
+    decay to `peak * min_ratio` at `total_steps` (`txl_keras.training.schedule`'s
+    "cosine", in `keras.ops`). Before `size(total_steps)` it stays at `peak`.
+
+    Args:
+        peak: float > 0.
+        total_steps: int or None (set later by `size`).
+        warmup_steps: int or None (a tenth of `total_steps`, at most 1,000).
+        min_ratio: float in [0, 1].
+    """
+
+    def __init__(self, peak, total_steps=None, warmup_steps=None, min_ratio=0.004):
+        self.peak, self.min_ratio = float(peak), float(min_ratio)
+        self.total_steps, self.warmup_steps = None, None
+        if total_steps is not None:
+            self.size(total_steps, warmup_steps)
+
+    @property
+    def sized(self):
+        return self.total_steps is not None
+
+    def size(self, total_steps, warmup_steps=None):
+        """Fix the schedule's length (and its warmup, by default a tenth of it, at most 1,000)."""
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"Expected `total_steps` to be a positive integer. Received: total_steps={total_steps!r}")
+        self.total_steps = total_steps
+        self.warmup_steps = min(1000, total_steps // 10) if warmup_steps is None else int(warmup_steps)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        if not self.sized:
+            return ops.full((), self.peak, "float32")
+        warmup = float(self.warmup_steps)
+        progress = ops.clip((step - warmup) / float(max(1, self.total_steps - self.warmup_steps)), 0.0, 1.0)
+        cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
+        after = self.peak * ((1.0 - self.min_ratio) * cosine + self.min_ratio)
+        if self.warmup_steps == 0:
+            return after
+        return ops.where(step < warmup, self.peak * step / warmup, after)
+
+    def get_config(self):
+        return {"peak": self.peak, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
+                "min_ratio": self.min_ratio}
