@@ -19,5 +19,6 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3.5"],
         "jax": ["jax[cpu]>=0.4.30"],
+        "tensorboard": ["tensorboard"],
     },
 )

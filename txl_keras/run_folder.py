@@ -4,6 +4,7 @@ conversion read. Any `tf.io.gfile` path (local, gs://, ...).
     model_dir/
       config.json          the model's TransformerXLConfig: the folder's identity
       vocab.json           the vocabulary the records were encoded with
+      init_from.json       with --init_from: the model the run started from
       checkpoint.json      the index of complete checkpoints, oldest first (the commit marker)
       ckpt-00001000/       model.weights.h5 (Keras weights) + state.npz (optimizer, step,
                            randomness, every replica's memory; absent in converted weights)
@@ -37,6 +38,7 @@ from txl_keras.models.transformer_xl_lm import TransformerXLLM
 
 CONFIG = "config.json"
 VOCAB = "vocab.json"
+ORIGIN = "init_from.json"
 INDEX = "checkpoint.json"
 WEIGHTS = "model.weights.h5"
 STATE = "state.npz"
@@ -45,7 +47,7 @@ CHECKPOINT = re.compile(r"^ckpt-(\d{8,})$")
 BEST_WEIGHTS = re.compile(r"^best-(\d{8,})\.weights\.h5$")
 # The files of a run folder whose interrupted writes leave temporaries (`files.TEMPORARY`).
 WRITTEN = re.compile(r"^(ckpt-\d{8,}|best-\d{8,}\.weights\.h5|config\.json|vocab\.json|checkpoint\.json|best\.json|"
-                     r"eval_results\.json|corpus-info\.json)$")
+                     r"eval_results\.json|corpus-info\.json|init_from\.json)$")
 
 
 class RunFolderError(ValueError):
@@ -105,17 +107,15 @@ def config_differences(old, new):
     return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a) if a[k] != b[k]]
 
 
-def claim(model_dir, config):
-    """Make `model_dir` the folder of `config`: write config.json if it has none, accept
-    an identical one, refuse (writing nothing) one of another model."""
+def check_claim(model_dir, config):
+    """Whether `model_dir` may become the folder of `config` (it has no config.json, or
+    the same one); else a RunFolderError saying what to do. Writes nothing."""
     old = read_config(model_dir)
     if old is None:
-        files.makedirs(model_dir)
-        files.atomic_write(files.join(model_dir, CONFIG), config.to_json())
-        return
+        return True
     changed = config_differences(old, config)
     if not changed:
-        return
+        return True
     path = files.join(model_dir, CONFIG)
     if not list_checkpoints(model_dir) and read_best(model_dir) is None:
         raise RunFolderError(
@@ -125,6 +125,15 @@ def claim(model_dir, config):
         f"{path} holds another model ({'; '.join(changed[:6])}); use another --model_dir, or the folder's "
         f"own settings (--config={path})."
     )
+
+
+def claim(model_dir, config):
+    """Make `model_dir` the folder of `config`: write config.json if it has none, accept
+    an identical one, refuse (writing nothing) one of another model (`check_claim`)."""
+    check_claim(model_dir, config)
+    if read_config(model_dir) is None:
+        files.makedirs(model_dir)
+        files.atomic_write(files.join(model_dir, CONFIG), config.to_json())
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

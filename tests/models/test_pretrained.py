@@ -13,7 +13,7 @@ from conftest import to_np
 from release_server import STAND_INS, WORDS, Quiet, serve
 
 from tf_records import releases
-from txl_keras import TransformerXLLM, TextModel
+from txl_keras import TransformerXLCausalLM
 from txl_keras.convert import from_tf_checkpoint
 
 pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TF checkpoints")
@@ -37,7 +37,7 @@ def direct_model(server_root, name):
 def test_from_preset_downloads_converts_caches_and_then_loads_offline(server, tmp_path, name):
     root, url = server
     cache = str(tmp_path / "cache")
-    model = TransformerXLLM.from_preset(name, url=url, cache_dir=cache)
+    model = TransformerXLCausalLM.from_preset(name, url=url, cache_dir=cache).model
     release = releases.RELEASES[name]
     settings = (model.config.tgt_len, model.config.mem_len, model.config.clamp_len, model.config.same_length)
     assert settings == (release.tgt_len, release.mem_len, release.clamp_len, True)  # the paper's evaluation
@@ -45,7 +45,7 @@ def test_from_preset_downloads_converts_caches_and_then_loads_offline(server, tm
     x = np.random.default_rng(0).integers(0, model.config.n_token, (2, 9)).astype("int32")
     np.testing.assert_array_equal(to_np(model(x, targets=x)["nll"]), to_np(direct(x, targets=x)["nll"]))
     assert not os.path.exists(os.path.join(cache, "downloads", release.folder))  # converted, then removed
-    offline = TransformerXLLM.from_preset(name, url="http://127.0.0.1:9/nothing", cache_dir=cache)  # no server
+    offline = TransformerXLCausalLM.from_preset(name, url="http://127.0.0.1:9/nothing", cache_dir=cache).model  # no server
     np.testing.assert_array_equal(to_np(offline(x, targets=x)["nll"]), to_np(direct(x, targets=x)["nll"]))
 
 
@@ -54,27 +54,27 @@ def test_an_interrupted_download_is_retried_and_never_cached_as_complete(server,
     name = "transfo_xl_wt103"
     data = f"/{releases.RELEASES[name].folder}/model/model.ckpt-0.data-00000-of-00001"
     Quiet.dropping.add(data)  # the first response stops halfway; the retry gets it whole
-    model = TransformerXLLM.from_preset(name, url=url, cache_dir=str(tmp_path / "retried"))
+    model = TransformerXLCausalLM.from_preset(name, url=url, cache_dir=str(tmp_path / "retried")).model
     x = np.arange(6, dtype="int32")[None]
     np.testing.assert_array_equal(to_np(model(x, targets=x)["nll"]), to_np(direct_model(root, name)(x, targets=x)["nll"]))
     Quiet.always_dropping.add(data)
     try:
         cache = str(tmp_path / "failing")
         with pytest.raises(releases.DownloadError, match=f"Cannot download {url}/tf_wt103/model/model.ckpt-0.data"):
-            TransformerXLLM.from_preset(name, url=url, cache_dir=cache)
+            TransformerXLCausalLM.from_preset(name, url=url, cache_dir=cache).model
     finally:
         Quiet.always_dropping.discard(data)
     download = os.path.join(cache, "downloads", "tf_wt103", "model")
     assert os.path.exists(os.path.join(download, "model.ckpt-0.data-00000-of-00001.partial"))
     assert not os.path.exists(os.path.join(download, "model.ckpt-0.data-00000-of-00001"))
     assert not os.path.exists(os.path.join(cache, "pretrained", name))
-    TransformerXLLM.from_preset(name, url=url, cache_dir=cache)  # the same call completes it
+    TransformerXLCausalLM.from_preset(name, url=url, cache_dir=cache).model  # the same call completes it
 
 
 def test_an_unreachable_mirror_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv(releases.URL_VARIABLE, "http://127.0.0.1:9/pretrained_xl")
     with pytest.raises(releases.DownloadError) as error:
-        TransformerXLLM.from_preset("transfo_xl_text8", cache_dir=str(tmp_path / "cache"))
+        TransformerXLCausalLM.from_preset("transfo_xl_text8", cache_dir=str(tmp_path / "cache"))
     message = str(error.value)
     assert "Cannot download http://127.0.0.1:9/pretrained_xl/tf_text8/" in message and "\n" not in message
     assert releases.URL_VARIABLE in message and "local copy" in message
@@ -87,7 +87,7 @@ def test_a_local_folder_in_the_release_layout_is_converted(server, tmp_path):
 
     local = str(tmp_path / "pretrained_xl" / "tf_enwik8")  # download.sh's local name
     shutil.copytree(os.path.join(root, "tf_enwiki8"), local)
-    model = TransformerXLLM.from_preset(local, cache_dir=str(tmp_path / "cache"))
+    model = TransformerXLCausalLM.from_preset(local, cache_dir=str(tmp_path / "cache")).model
     assert model.config.mem_len == 3800
     x = np.arange(5, dtype="int32")[None]
     np.testing.assert_array_equal(to_np(model(x, targets=x)["nll"]),
@@ -96,11 +96,11 @@ def test_a_local_folder_in_the_release_layout_is_converted(server, tmp_path):
 
 def test_text_in_text_out(server, tmp_path):
     _, url = server
-    text = TextModel.from_preset("transfo_xl_wt103", url=url, cache_dir=str(tmp_path / "cache"))
+    text = TransformerXLCausalLM.from_preset("transfo_xl_wt103", url=url, cache_dir=str(tmp_path / "cache"))
     out = text.generate("the history of", max_new_tokens=6, temperature=0)
-    assert out.startswith("the history of ") and len(out.split()) == 9
+    assert out.startswith("the history of") and len(text.tokenizer.tokenize_prompt(out)) == 3 + 6
     scored = text.score("the history of a city\nis long and old")
-    ids = text.vocabulary.encode_text("the history of a city\nis long and old")
+    ids = text.tokenizer.vocabulary.encode_text("the history of a city\nis long and old")
     assert scored.tokens == [WORDS[i] for i in ids[1:]]
     direct = to_np(text.model(ids[None, :-1], targets=ids[None, 1:])["nll"])[0]  # one segment: the plain call
     np.testing.assert_allclose(scored.log_likelihoods, -direct, rtol=1e-5, atol=1e-5)
@@ -143,4 +143,4 @@ def test_the_command_lines_reproduce_a_released_models_evaluation_in_two_command
     generated = run([sys.executable, "-m", "txl_keras.generate", "--pretrained=transfo_xl_wt103",
                      "--prompt=the history of", "--max_new_tokens=5", "--temperature=0"], env, tmp_path)
     assert generated.returncode == 0, generated.stderr[-2000:]
-    assert generated.stdout.strip().startswith("the history of ")
+    assert generated.stdout.strip().startswith("the history of")

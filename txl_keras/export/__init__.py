@@ -10,8 +10,9 @@ Signatures (`B` streams, `T` tokens; every memory is `(B, mem_len, d_model)` flo
   `new_mem_0 ...`, `new_memory_valid`: the memory after the segment.
 - `score(tokens (B, T), targets (B, T), memory_valid, mem_0 ...)` -> `nll` `(B, T)` float32
   (nats), `new_mem_0 ...`, `new_memory_valid`.
-- With a vocabulary: `encode(text)` -> `ids` `(N,)` int32 (a prompt: no closing `<eos>`),
-  `decode(ids (N,))` -> `text`, and `vocabulary()` -> `symbols` `(n_token,)` string and
+- With a vocabulary: `encode(text)` -> `ids` `(N,)` int32 (`TransformerXLTokenizer.tokenize_prompt`:
+  an unfinished last line gets no closing `<eos>`), `decode(ids (N,))` -> `text`
+  (`TransformerXLTokenizer.detokenize`: at word level each `<eos>` a line break), and `vocabulary()` -> `symbols` `(n_token,)` string and
   `settings`, a JSON string of its tokenisation rules; it is also the file
   `assets/vocab.json` (`tf_records.vocabulary.Vocabulary`'s format).
 Token ids outside `[0, n_token)` and `memory_valid` outside `[0, mem_len]` are refused (an
@@ -26,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from tf_records import files
+from txl_keras.tokenizers import TransformerXLTokenizer
 
 EXPORT_INFO = "txl_config.json"
 VOCAB_ASSET = "vocab.json"
@@ -114,42 +116,20 @@ def _signatures(model, serving):
 
 
 def _text_signatures(archive, vocabulary):
-    """`encode`, `decode` and `vocabulary` endpoints: the vocabulary's rules
-    (`Vocabulary.encode_prompt`, `decode`) in TensorFlow operations."""
+    """`encode`, `decode` and `vocabulary` endpoints: the `TransformerXLTokenizer`'s own
+    functions (`tokenize_prompt`, `detokenize`), traced into the SavedModel."""
     settings = {k: v for k, v in vocabulary.to_dict().items() if k != "symbols"}
-    symbols = tf.constant(vocabulary.symbols)
-    unknown = -1 if vocabulary.unk_id is None else vocabulary.unk_id
-    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-        symbols, tf.range(len(vocabulary), dtype=tf.int32)), default_value=unknown)
-    archive.track(table)
-    level = vocabulary.level
-    byte_of_id = [int(s) if s.isdigit() and int(s) < 256 else ord("?") for s in vocabulary.symbols]
-    id_of_byte = [vocabulary.index.get(str(b), unknown) for b in range(256)]
-    byte_strings = tf.constant([bytes([b]) for b in range(256)])
+    tokenizer = TransformerXLTokenizer(vocabulary)
+    archive.track(tokenizer._table)
 
     def encode(text):
-        if level == "byte":
-            raw = tf.cast(tf.io.decode_raw(text, tf.uint8), tf.int32)
-            if str(ord("\n")) not in vocabulary.index:
-                raw = tf.boolean_mask(raw, raw != ord("\n"))
-            ids = tf.gather(tf.constant(id_of_byte, tf.int32), raw)
-        else:
-            text = tf.strings.lower(text) if vocabulary.lower_case else text
-            pieces = tf.strings.unicode_split(text, "UTF-8") if level == "char" else tf.strings.split(text)
-            ids = table.lookup(pieces)
-        check = tf.debugging.assert_non_negative(ids, message="`text` holds a symbol the vocabulary does not have")
-        with tf.control_dependencies([check]):
-            return {"ids": tf.identity(ids)}
+        return {"ids": tokenizer.tokenize_prompt(text)}
 
     def decode(ids):
-        ids = _checked(ids, "ids", len(vocabulary))
-        if level == "byte":
-            values = tf.gather(tf.constant(byte_of_id, tf.int32), ids)
-            return {"text": tf.strings.reduce_join(tf.gather(byte_strings, values))}
-        return {"text": tf.strings.reduce_join(tf.gather(symbols, ids), separator=" " if level == "word" else "")}
+        return {"text": tokenizer.detokenize(_checked(ids, "ids", len(vocabulary)))}
 
     def symbols_of():
-        return {"symbols": symbols, "settings": tf.constant(json.dumps(settings))}
+        return {"symbols": tf.constant(vocabulary.symbols), "settings": tf.constant(json.dumps(settings))}
 
     return {
         "encode": (encode, [tf.TensorSpec([], tf.string, name="text")]),

@@ -9,13 +9,18 @@
 
 from absl import app, flags
 
-from tf_records import files, program
+from tf_records import program
 from tf_records.vocabulary import Vocabulary
-from txl_keras.generate import generate, score
-from txl_keras.run_folder import VOCAB, load_trained_model, require_config
+from txl_keras import presets
+from txl_keras.generate import generate
+from txl_keras.run_folder import load_trained_model, load_weights
+from txl_keras.tasks import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor
+from txl_keras.models import TransformerXLLM
+from txl_keras.tokenizers import TransformerXLTokenizer
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json, checkpoints).")
+flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json, checkpoints) or a folder saved "
+                    "by TransformerXLCausalLM.save_to_preset.")
 flags.DEFINE_string("pretrained", None, "A released model (transfo_xl_wt103, transfo_xl_enwik8, transfo_xl_text8, "
                     "transfo_xl_lm1b: downloaded and converted on first use) or a folder in the release layout, "
                     "instead of --model_dir.")
@@ -34,50 +39,54 @@ flags.DEFINE_integer("mem_len", None, "Memory length (default: the config's).", 
 flags.DEFINE_integer("clamp_len", None, "clamp_len for generation (-1 or 0: no clamping).", lower_bound=-1)
 
 
-def model_folder():
+def model_preset():
+    """The `txl_keras.presets.Preset` of --model_dir or --pretrained."""
     if bool(FLAGS.model_dir) == bool(FLAGS.pretrained):
         raise app.UsageError("Give one of --model_dir and --pretrained.")
-    if FLAGS.pretrained:
-        from txl_keras import pretrained
+    return presets.resolve(FLAGS.pretrained or FLAGS.model_dir)
 
-        return pretrained.resolve(FLAGS.pretrained)
-    return FLAGS.model_dir
+
+def load_model(found):
+    """The model of --checkpoint, else the preset's newest weights."""
+    if found.kind != "preset folder" and not FLAGS.checkpoint:
+        return load_trained_model(found.folder)
+    model = TransformerXLLM(found.config)
+    load_weights(model, FLAGS.checkpoint or found.weights)
+    return model
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    folder = model_folder()
-    config = require_config(folder)
-    vocab_path = FLAGS.vocab or files.join(folder, VOCAB)
-    vocab = Vocabulary.load(vocab_path)
-    if len(vocab) != config.n_token:
-        raise ValueError(f"The vocabulary {vocab_path} has {len(vocab)} symbols but the model has n_token="
-                         f"{config.n_token}; pass the vocabulary its records were built with (--vocab).")
+    found = model_preset()
+    vocab = Vocabulary.load(FLAGS.vocab) if FLAGS.vocab else found.load_vocabulary()
+    if len(vocab) != found.config.n_token:
+        raise ValueError(f"The vocabulary has {len(vocab)} symbols but the model has n_token={found.config.n_token}; "
+                         "pass the vocabulary its records were built with (--vocab).")
+    tokenizer = TransformerXLTokenizer(vocab)
     if FLAGS.score is not None:
-        return print_score(folder, vocab)
+        return print_score(found, tokenizer)
     stop = None
     if FLAGS.stop:
         if FLAGS.stop not in vocab.index:
             raise app.UsageError(f"--stop={FLAGS.stop!r} is not in the vocabulary; give one of its symbols.")
         stop = vocab.index[FLAGS.stop]
-    ids = vocab.encode_prompt(FLAGS.prompt)
+    ids = tokenizer.tokenize_prompt(FLAGS.prompt).numpy()
     if len(ids) == 0:
         raise app.UsageError("--prompt encodes to no token; give some text.")
-    model = load_trained_model(folder, FLAGS.checkpoint)
-    out = generate(model, ids[None], FLAGS.max_new_tokens, FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
+    out = generate(load_model(found), ids[None], FLAGS.max_new_tokens, FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
                    FLAGS.seed, stop, FLAGS.mem_len, FLAGS.clamp_len)[0]
     new = list(out[len(ids):])
     if stop is not None and stop in new:
         new = new[: new.index(stop) + 1]  # print up to the stop symbol, once
-    print(vocab.decode(list(ids) + new))
+    print(tokenizer.detokenize(list(ids) + new))
 
 
-def print_score(folder, vocab):
+def print_score(found, tokenizer):
     """The perplexity and bits per character of --score under the model."""
-    from txl_keras.text import TextModel
-
-    result = TextModel(load_trained_model(folder, FLAGS.checkpoint), vocab).score(FLAGS.score)
+    model = load_model(found)
+    lm = TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(tokenizer, model.config.tgt_len))
+    result = lm.score(FLAGS.score)
     print(f"{len(result.tokens)} tokens scored: perplexity {result.perplexity:.3f} | bits per character "
           f"{result.bits_per_character:.4f}")
 

@@ -174,9 +174,10 @@ class TransformerXLCausalLM(keras.Model):
             loss = loss + ops.cast(extra, "float32")
         return loss
 
-    def compile(self, optimizer="auto", loss="auto", metrics="auto", jit_compile=False, **kwargs):
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", jit_compile=False, **kwargs):
         """Keras's `compile` with the paper's defaults (see the class docstring). `loss`
-        must stay "auto": the loss is the adaptive softmax's NLL."""
+        must stay "auto": the loss is the adaptive softmax's NLL. Metrics are best given as
+        `weighted_metrics` (as KerasHub's): those leave the padding of the last batch out."""
         if loss not in ("auto", None):
             raise ValueError("TransformerXLCausalLM computes its own loss (the adaptive softmax's negative "
                              f"log-likelihood in nats); leave `loss` as 'auto'. Received: loss={loss!r}")
@@ -184,9 +185,9 @@ class TransformerXLCausalLM(keras.Model):
         if optimizer == "auto":
             self._schedule = WarmupCosine(PAPER_LEARNING_RATE)
             optimizer = keras.optimizers.Adam(self._schedule, global_clipnorm=PAPER_CLIP_NORM)
-        if metrics == "auto":
-            metrics = [Perplexity()]
-        super().compile(optimizer=optimizer, metrics=metrics, jit_compile=jit_compile, **kwargs)
+        if weighted_metrics == "auto":
+            weighted_metrics = [Perplexity()]
+        super().compile(optimizer=optimizer, weighted_metrics=weighted_metrics, jit_compile=jit_compile, **kwargs)
 
     def fit(self, x=None, batch_size=None, epochs=1, validation_data=None, callbacks=None, **kwargs):
         """Train on text: `x` a string, a list of strings or a `tf.data.Dataset` of

@@ -139,6 +139,11 @@ class TransformerXLTokenizer(keras.layers.Layer):
 
     # -- text -> ids ---------------------------------------------------------------------
 
+    def __call__(self, inputs):
+        # Strings in, TensorFlow tensors out: none of Layer.__call__'s conversions (or its
+        # wrapping of the errors that name a missing symbol) applies.
+        return self.tokenize(inputs)
+
     def call(self, inputs):
         return self.tokenize(inputs)
 

@@ -21,6 +21,7 @@ from tf_records import files
 from tf_records.program import define
 from tf_records.build import VOCAB_FILE, build_records, default_records_dir, load_corpus_info
 from tf_records.records import record_info_path
+from tf_records.vocabulary import Vocabulary
 from txl_keras import run_folder
 from txl_keras.models import sizes
 from txl_keras.models.config import PRESETS, TransformerXLConfig
@@ -53,6 +54,12 @@ def define_flags():
            "paper settings: --config, --model_dir and the checkpoint are its, --do_train=false, and by default "
            "--eval_split=test, --eval_batch_size=16 and --data_dir=data/<name> (python -m tf_records "
            "--pretrained=<name> builds them).", "run")
+    define("string", "init_from", None, "Start training from the weights of a released model (transfo_xl_wt103, "
+           "...: downloaded and converted on first use), a run folder, a converted folder or a folder saved by "
+           "TransformerXLCausalLM.save_to_preset. The model is its (--dropout, --dropatt, --tgt_len, --mem_len, "
+           "--clamp_len and --same_length may change; the architecture may not); the records must be encoded with "
+           "its vocabulary, which is how the default records (data/<dataset>-<its name>) are built. Needs "
+           "--model_dir; the run folder's init_from.json records it.", "run")
     define("bool", "do_train", True, "Train.", "run")
     define("bool", "do_eval", True, "Evaluate on --eval_split before and after training.", "run")
     define("bool", "do_eval_only", False, "Evaluate every checkpoint in --model_dir and report the best.", "run")
@@ -63,6 +70,9 @@ def define_flags():
     define("string", "dataset", None, "Corpus to build records from when --data_dir is not given (see python -m "
            f"tf_records; default: the run preset's, {quickstart['dataset']} for the bare command, which needs no "
            "download).", "data")
+    define("string", "text", None, "--dataset=text: your files (a file, a folder or a glob).", "data")
+    define("enum", "level", None, "--dataset=text/stdlib/tfds: token level of a new vocabulary (default byte; "
+           "with --init_from, the model's).", "data", enum_values=["byte", "char", "word"])
     define("string", "corpus_info_path", None, "corpus-info.json (default: in --data_dir).", "data")
     define("integer", "num_hosts", 1, "Hosts (input pipelines) the records were built for.", "distribution",
            lower_bound=1)
@@ -92,8 +102,8 @@ def _given(name):
 
 
 def run_preset():
-    """The run preset of --config, or None."""
-    return RUN_PRESETS.get(FLAGS.config)
+    """The run preset of --config, or None (--init_from's model is its own)."""
+    return None if FLAGS.init_from else RUN_PRESETS.get(FLAGS.config)
 
 
 def train_config(data_dir, defaults=None):
@@ -106,13 +116,32 @@ def train_config(data_dir, defaults=None):
     return TrainConfig(**{**base, **given, "records_dir": data_dir})
 
 
+# The model settings --init_from's model may change: none of them changes a weight's shape.
+INIT_FROM_OVERRIDES = ("dropout", "dropatt", "tgt_len", "mem_len", "clamp_len", "same_length")
+_ORIGIN = {}  # --init_from's Preset, resolved once
+
+
+def origin():
+    """The `txl_keras.presets.Preset` of --init_from (resolved, downloaded if needed, once), or None."""
+    if FLAGS.init_from and "preset" not in _ORIGIN:
+        from txl_keras import presets
+
+        _ORIGIN["preset"] = presets.resolve(FLAGS.init_from, log=print)
+    return _ORIGIN.get("preset")
+
+
 def _model_base():
     """`(kind, value)`: ("json", dict of a config.json) or ("preset", model preset name)."""
+    if FLAGS.init_from:
+        return "json", origin().config.to_dict()
     if FLAGS.config.endswith(".json"):
         try:
-            return "json", json.loads(files.read_text(FLAGS.config))
+            data = json.loads(files.read_text(FLAGS.config))
         except ValueError as e:
             raise ValueError(f"--config={FLAGS.config} is not a valid config.json: {e}") from None
+        if isinstance(data, dict) and "class_name" in data:  # a saved preset's serialized model
+            data = data.get("config", {}).get("config", data)
+        return "json", data
     preset = run_preset()
     name = preset["model"] if preset else FLAGS.config
     if name not in PRESETS:
@@ -161,8 +190,50 @@ def model_config(corpus_info):
 
 
 def _dataset():
-    preset = run_preset()
+    preset = RUN_PRESETS.get(FLAGS.config)
     return FLAGS.dataset or (preset["dataset"] if preset else "stdlib")
+
+
+def default_data_dir():
+    """data/<dataset>, or data/<dataset>-<model> for records in --init_from's vocabulary."""
+    folder = default_records_dir(_dataset())
+    if FLAGS.init_from:
+        name = os.path.basename(os.path.abspath(FLAGS.init_from)) if os.path.sep in FLAGS.init_from \
+            else FLAGS.init_from
+        folder += "-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return folder
+
+
+def check_init_from():
+    """--init_from's flags, before anything is resolved or written."""
+    if not FLAGS.init_from:
+        return
+    for flag in ("pretrained", "warm_start_path"):
+        if FLAGS[flag].value:
+            raise ValueError(f"--init_from and --{flag} both name the weights to start from; give one.")
+    if FLAGS["config"].present:
+        raise ValueError(f"--init_from={FLAGS.init_from} brings its own model; drop --config={FLAGS.config}.")
+    if not FLAGS["model_dir"].present:
+        raise ValueError("--init_from needs --model_dir, the new run's folder.")
+    changed = [n for n, _ in MODEL_FLAGS if FLAGS[n].value is not None and n not in INIT_FROM_OVERRIDES]
+    if changed:
+        raise ValueError(f"--{changed[0]} would change the architecture of --init_from's model; only "
+                         f"{', '.join('--' + n for n in INIT_FROM_OVERRIDES)} may change.")
+
+
+def check_vocabulary(records_dir):
+    """--init_from's vocabulary must be the records' (the ids mean its symbols)."""
+    found = origin()
+    if found is None:
+        return
+    mine = found.load_vocabulary()
+    path = files.join(records_dir, VOCAB_FILE)
+    theirs = Vocabulary.load(path) if files.exists(path) else None
+    if theirs is None or theirs.to_dict() != mine.to_dict():
+        what = "no vocab.json" if theirs is None else f"another vocabulary ({len(theirs)} {theirs.level} symbols)"
+        raise ValueError(f"The records in {records_dir} have {what}, but --init_from={FLAGS.init_from} reads "
+                         f"{len(mine)} {mine.level} symbols: build them with its vocabulary (python -m tf_records "
+                         f"--vocab={found.vocabulary} ...), or leave --data_dir out to build them.")
 
 
 def prepare_data(tc, num_core_per_host, log):
@@ -175,26 +246,37 @@ def prepare_data(tc, num_core_per_host, log):
     missing = [s for s, b, t in needed if not files.exists(record_info_path(data_dir, s, b, t, FLAGS.num_hosts))]
     if missing and FLAGS.data_dir is None:
         log(f"building the {_dataset()} records in {data_dir} (no download)")
+        options = {"text": FLAGS.text} if FLAGS.text else {}
+        if FLAGS.level:
+            options["level"] = FLAGS.level
+        if origin() is not None:
+            options["vocab"] = origin().load_vocabulary()
         for split, batch, length in needed:
             if split in missing:
                 build_records(_dataset(), data_dir, splits=[split], tgt_len=length,
                               per_host_train_bsz=batch, per_host_valid_bsz=batch,
-                              num_hosts=FLAGS.num_hosts, num_core_per_host=num_core_per_host, log=log)
+                              num_hosts=FLAGS.num_hosts, num_core_per_host=num_core_per_host, log=log, **options)
 
 
 def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     """Train and/or evaluate under `strategy`, as the flags say. Returns the eval results.
 
     `compiled=True` (train_tpu.py) compiles every step with XLA whatever --xla says."""
+    check_init_from()
     defaults = use_pretrained(log) if FLAGS.pretrained else None
-    tc = train_config(FLAGS.data_dir or default_records_dir(_dataset()), defaults)
+    if FLAGS.init_from:
+        defaults = {"warm_start_path": origin().weights}
+    tc = train_config(FLAGS.data_dir or default_data_dir(), defaults)
     check_paths(tc)
     check_model_flags()
+    if FLAGS.init_from:
+        run_folder.check_claim(tc.model_dir, model_config_before_data())
     cores = strategy.num_replicas_in_sync // num_hosts
     if is_chief:  # only the chief builds missing default records; other workers read them
         prepare_data(tc, cores, log)
     corpus_info = load_corpus_info(files.dirname(FLAGS.corpus_info_path) if FLAGS.corpus_info_path
                                    else tc.records_dir)
+    check_vocabulary(tc.records_dir)
     config = model_config(corpus_info)
     if FLAGS.check_memory:
         check_memory(config, tc, cores, compiled)
@@ -208,22 +290,38 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         if is_chief:
             run_folder.claim(tc.model_dir, config)
             copy_vocabulary(tc)
+            record_origin(tc)
         results = train(trainer, tc, log)
         if is_chief:
             files.atomic_write(files.join(tc.model_dir, "eval_results.json"), json.dumps(results, indent=2))
     return results
 
 
+def model_config_before_data():
+    """--init_from's model with the flags' overrides (its vocabulary is the records')."""
+    return origin().config.replace(**_model_overrides())
+
+
+def record_origin(tc):
+    """init_from.json: the model a fresh --init_from run started from."""
+    found = origin()
+    path = files.join(tc.model_dir, run_folder.ORIGIN)
+    if found is None or files.exists(path):
+        return
+    files.atomic_write(path, json.dumps({"init_from": FLAGS.init_from, "kind": found.kind, "folder": found.folder,
+                                         "weights": found.weights}, indent=2))
+
+
 def use_pretrained(log):
     """--pretrained: evaluate that model at the settings in its config.json (the paper's).
     Returns the TrainConfig settings it implies (flags given on the command line win)."""
-    from txl_keras import pretrained
+    from txl_keras import presets
 
     if FLAGS["do_train"].present and FLAGS.do_train:
-        raise ValueError("--pretrained evaluates a released model; it does not train (use --warm_start_path to "
+        raise ValueError("--pretrained evaluates a released model; it does not train (use --init_from to "
                          "start training from its weights).")
-    folder = pretrained.resolve(FLAGS.pretrained, log=log)
-    _, newest = run_folder.latest_checkpoint(folder)
+    found = presets.resolve(FLAGS.pretrained, log=log)
+    folder, newest = found.folder, found.weights
     if not FLAGS["data_dir"].present:
         FLAGS.data_dir = os.path.join("data", os.path.basename(FLAGS.pretrained.rstrip("/")))
     FLAGS.config, FLAGS.eval_ckpt_path, FLAGS.do_train = files.join(folder, run_folder.CONFIG), newest, False
@@ -269,7 +367,8 @@ def copy_vocabulary(tc):
 def train(trainer, tc, log):
     """Train (evaluating before, if the run starts afresh, and after); the results."""
     results = {}
-    if FLAGS.do_eval and not run_folder.latest_checkpoint(tc.model_dir)[1] and not tc.warm_start_path:
+    if FLAGS.do_eval and not run_folder.latest_checkpoint(tc.model_dir)[1]:
+        trainer.restore_or_warm_start()  # a warm start is evaluated before it trains
         results["before"] = trainer.evaluate(progress=False)
     try:
         trainer.train()
@@ -284,7 +383,8 @@ def train(trainer, tc, log):
             results["after"] = trainer.evaluate()
         if "before" in results:
             b, a = results["before"], results["after"]
-            log(f"validation bpc {b['bpc']:.3f} -> {a['bpc']:.3f}, ppl {b['ppl']:.2f} -> {a['ppl']:.2f}")
+            bpc = "" if trainer.word_level else f"bpc {b['bpc']:.3f} -> {a['bpc']:.3f}, "
+            log(f"validation {bpc}ppl {b['ppl']:.2f} -> {a['ppl']:.2f}")
     best = run_folder.read_best(tc.model_dir) if tc.eval_steps else None
     if best:
         results["best"] = best

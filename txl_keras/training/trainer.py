@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_records import distributed_dataset_fn, files, load_record_info, verify_records
+from tf_records.build import VOCAB_FILE
 from txl_keras import run_folder
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.models.flops import model_flops_per_token
@@ -97,6 +98,15 @@ def _naming_damaged_records(info):
         raise
 
 
+def records_level(records_dir):
+    """The token level ("byte", "char" or "word") of the records' vocabulary, or None."""
+    path = files.join(records_dir, VOCAB_FILE)
+    try:
+        return json.loads(files.read_text(path)).get("level") if files.exists(path) else None
+    except (ValueError, AttributeError):
+        return None
+
+
 class Trainer:
     """Train and evaluate a `TransformerXLLM` under a `tf.distribute` strategy.
 
@@ -132,6 +142,7 @@ class Trainer:
                     f"{self.cores} replicas of each host."
                 )
         self.per_replica = train_config.train_batch_size // self.cores
+        self.word_level = records_level(train_config.records_dir) == "word"  # perplexity, not bits per character
         self.parts = concurrent_parts(train_config, self.per_replica, self.compiled)
         self.piece = self.per_replica // (train_config.batch_chunk * self.parts)
         if train_config.deterministic:
@@ -339,8 +350,9 @@ class Trainer:
             lr = float(learning_rate(step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
                                      tc.min_lr_ratio, tc.lr_schedule))
             tokens_per_s = tokens_per_step * (boundary - step + done) / max(elapsed, 1e-9)
+            bpc = "" if self.word_level else f"bpc {loss / LN2:.4f} | "
             self.log(f"step {step:>7d} | lr {lr:.3e} | loss {loss:.4f} | ppl {math.exp(min(loss, 50)):9.3f} | "
-                     f"bpc {loss / LN2:.4f} | gnorm {gnorm:.3f} | tok/s {tokens_per_s:,.0f} | "
+                     f"{bpc}gnorm {gnorm:.3f} | tok/s {tokens_per_s:,.0f} | "
                      f"model GFLOP/s {tokens_per_s * self.flops_per_token / 1e9:,.1f}")
             self.write_summaries("train", step, {
                 "loss": loss, "lr": lr, "gnorm": gnorm, "bpc": loss / LN2, "tokens_per_s": tokens_per_s,
@@ -531,7 +543,8 @@ class Trainer:
         result = {"loss": loss, "ppl": math.exp(min(loss, 50)), "bpc": loss / LN2, "tokens": count,
                   "expected_tokens": info["num_targets"], "split": split}
         partial = f" (partial: max_eval_batch={tc.max_eval_batch})" if batches < info["num_batch"] else ""
-        self.log(f"eval {split}: loss {loss:.4f} | ppl {result['ppl']:.3f} | bpc {result['bpc']:.4f} | "
+        bpc = "" if self.word_level else f"bpc {result['bpc']:.4f} | "
+        self.log(f"eval {split}: loss {loss:.4f} | ppl {result['ppl']:.3f} | {bpc}"
                  f"tokens {count} of {info['num_targets']}{partial}")
         step = int(self.step.numpy())
         self.last_eval = (step, result)
