@@ -133,7 +133,7 @@ class Vocabulary:
             data = bytes(int(s) if s.isdigit() else ord("?") for s in symbols)
             return data.decode("utf-8", errors="replace")
         if self.level == "char":
-            return "".join(" " if s == self.space_symbol else s for s in symbols)
+            return "".join(symbols)
         return " ".join(symbols)
 
     # -- building and saving -----------------------------------------------------------

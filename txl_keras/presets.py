@@ -84,6 +84,9 @@ def resolve(preset, url=None, cache_dir=None, log=None):
         raise ValueError(f"{preset!r} is an architecture (random weights, no vocabulary), not a trained model: "
                          f"TransformerXLLM.from_preset({preset!r}) builds it untrained. Trained models: "
                          f"{', '.join(sorted(RELEASES))}, or the folder of a run, a conversion or a saved preset.")
+    if not files.isdir(preset):
+        raise RunFolderError(f"No run folder at {preset}: give a released model's name ({', '.join(sorted(RELEASES))}) "
+                             "or the path of a run, converted or preset folder.")
     if files.exists(files.join(preset, METADATA)) and files.exists(files.join(preset, TOKENIZER)):
         return _preset_folder(preset)
     if files.exists(files.join(preset, CONFIG)):

@@ -15,7 +15,7 @@ MODULES = [
     "txl_keras.layers.positionwise_feed_forward", "txl_keras.layers.transformer_xl_block",
     "txl_keras.layers.memory_cache", "txl_keras.layers.layer_norm", "txl_keras.layers.inference_cache",
     "txl_keras.layers.adaptive_embedding", "txl_keras.layers.adaptive_softmax", "txl_keras.models.transformer_xl",
-    "txl_keras.models.transformer_xl_lm", "txl_keras.kernels",
+    "txl_keras.models.transformer_xl_lm", "txl_keras.kernels", "txl_keras.tokenizers.transformer_xl_tokenizer",
 ]
 
 

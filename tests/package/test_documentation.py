@@ -139,7 +139,12 @@ def quickstart_stand_in(cwd):
     """A tiny byte-level run where the first command leaves its run folder."""
     from tf_records import build_records
 
-    (cwd / "source.py").write_text("import os\nimport sys\n\n\ndef main(argv):\n    return len(argv)\n" * 200)
+    import inspect
+    import json
+
+    # (the README's blocks read a standard-library module and prompt with Python: every byte of them)
+    (cwd / "source.py").write_text("import os\nimport sys\n\n\ndef main(argv):\n    return len(argv)\n" * 200
+                                   + inspect.getsource(json) + "class Config:\n")
     records = build_records("text", str(cwd / "records"), text=str(cwd / "source.py"), level="byte",
                             splits=["train", "valid"], tgt_len=8, per_host_train_bsz=4, per_host_valid_bsz=4,
                             log=lambda *_: None)

@@ -7,6 +7,7 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import to_np
 
 from tf_records.vocabulary import Vocabulary
@@ -65,6 +66,9 @@ def test_evaluation_through_the_memory_equals_reading_each_stream_at_once():
     assert result["perplexity"] == pytest.approx(expected, rel=1e-4)
     again = lm.evaluate(TEXT, batch_size=3, return_dict=True, verbose=0)  # streams start afresh each time
     assert again["perplexity"] == pytest.approx(expected, rel=1e-4)
+    lines = tf.data.Dataset.from_tensor_slices(TEXT.splitlines(keepends=True)).batch(7)  # a dataset of strings
+    from_dataset = lm.evaluate(lines, batch_size=3, return_dict=True, verbose=0)
+    assert from_dataset["perplexity"] == pytest.approx(expected, rel=1e-4)
 
 
 def test_fit_on_strings_lowers_the_loss_in_the_documented_number_of_steps():
@@ -149,5 +153,5 @@ def test_presets_name_what_they_are():
         TransformerXLCausalLM.from_preset("wt103_base")
     with pytest.raises(ValueError, match=r"TransformerXLCausalLM.from_preset\('transfo_xl_wt103'\).model"):
         TransformerXLLM.from_preset("transfo_xl_wt103")
-    with pytest.raises(ValueError, match="neither a released model"):
+    with pytest.raises(ValueError, match="No run folder at no/such/folder: give a released model's name"):
         TransformerXLCausalLM.from_preset("no/such/folder")

@@ -61,8 +61,9 @@ def main(argv):
     found = model_preset()
     vocab = Vocabulary.load(FLAGS.vocab) if FLAGS.vocab else found.load_vocabulary()
     if len(vocab) != found.config.n_token:
-        raise ValueError(f"The vocabulary has {len(vocab)} symbols but the model has n_token={found.config.n_token}; "
-                         "pass the vocabulary its records were built with (--vocab).")
+        raise ValueError(f"The vocabulary {FLAGS.vocab or found.vocabulary} has {len(vocab)} symbols but the model "
+                         f"has n_token={found.config.n_token}; pass the vocabulary its records were built with "
+                         "(--vocab).")
     tokenizer = TransformerXLTokenizer(vocab)
     if FLAGS.score is not None:
         return print_score(found, tokenizer)

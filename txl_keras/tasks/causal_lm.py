@@ -338,9 +338,9 @@ def _texts(x):
     import tensorflow as tf
 
     if isinstance(x, tf.data.Dataset):
-        if x.element_spec != tf.TensorSpec([], tf.string) and not (
-                isinstance(x.element_spec, tf.TensorSpec) and x.element_spec.dtype == tf.string):
-            raise ValueError(f"Expected a dataset of strings. Received elements {x.element_spec}")
+        spec = x.element_spec
+        if not (isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string):
+            raise ValueError(f"Expected a dataset of strings (or of batches of strings). Received elements {spec}")
         return [t for batch in x.as_numpy_iterator() for t in np.atleast_1d(batch).tolist()]
     if x is None:
         raise ValueError("Expected text to train on: a string, a list of strings or a tf.data.Dataset of strings.")

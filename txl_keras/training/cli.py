@@ -205,7 +205,10 @@ def default_data_dir():
 
 
 def check_init_from():
-    """--init_from's flags, before anything is resolved or written."""
+    """--init_from's and --text's flags, before anything is resolved or written."""
+    if FLAGS.text and _dataset() != "text":
+        raise ValueError(f"--text={FLAGS.text} is read with --dataset=text; add it (the corpus is --dataset="
+                         f"{_dataset()}).")
     if not FLAGS.init_from:
         return
     for flag in ("pretrained", "warm_start_path"):
@@ -269,8 +272,7 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     tc = train_config(FLAGS.data_dir or default_data_dir(), defaults)
     check_paths(tc)
     check_model_flags()
-    if FLAGS.init_from:
-        run_folder.check_claim(tc.model_dir, model_config_before_data())
+    check_run_folder(tc)
     cores = strategy.num_replicas_in_sync // num_hosts
     if is_chief:  # only the chief builds missing default records; other workers read them
         prepare_data(tc, cores, log)
@@ -297,9 +299,19 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     return results
 
 
-def model_config_before_data():
-    """--init_from's model with the flags' overrides (its vocabulary is the records')."""
-    return origin().config.replace(**_model_overrides())
+def check_run_folder(tc):
+    """Before any record is built: an existing run folder must hold the model the flags
+    describe (with the vocabulary size and cutoffs it has, which come from the records)."""
+    existing = run_folder.read_config(tc.model_dir) if FLAGS.do_train and not FLAGS.do_eval_only else None
+    if existing is None:
+        return
+    kind, base = _model_base()
+    if kind == "json":
+        planned = _config_from_json(base, _model_overrides())
+    else:
+        planned = TransformerXLConfig.from_preset(base, n_token=existing.n_token, cutoffs=existing.cutoffs,
+                                                  **_model_overrides())
+    run_folder.check_claim(tc.model_dir, planned)
 
 
 def record_origin(tc):
