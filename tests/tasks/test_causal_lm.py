@@ -121,29 +121,18 @@ def test_a_saved_preset_loads_with_the_same_scores_and_greedy_text(tmp_path):
     loaded = TransformerXLCausalLM.from_preset(folder)
     text = "alpha beta gamma\ndelta kappa omega\n"
     np.testing.assert_allclose(loaded.score(text).log_likelihoods, lm.score(text).log_likelihoods, atol=1e-6)
-    assert loaded.generate("alpha beta", max_new_tokens=10, temperature=0) == \
-        lm.generate("alpha beta", max_new_tokens=10, temperature=0)
+    assert loaded.generate("alpha beta", max_new_tokens=10, sampler="greedy") == \
+        lm.generate("alpha beta", max_new_tokens=10, sampler="greedy")
     with pytest.raises(FileExistsError, match="is not empty"):
         lm.save_to_preset(folder)
 
 
-def test_generation_and_scoring_on_text():
+def test_scoring_text_is_the_model_on_its_tokens():
     lm = make_task()
-    one = lm.generate("alpha beta", max_new_tokens=12, temperature=0)
-    assert one.startswith("alpha beta")
-    assert lm.generate(["alpha beta", "gamma"], max_new_tokens=12, temperature=0) == \
-        [one, lm.generate("gamma", max_new_tokens=12, temperature=0)]
-    stopped = lm.generate("alpha beta", max_new_tokens=12, temperature=0, stop_token_ids=["<eos>", "gamma"])
-    ids = lm.tokenizer.tokenize_prompt(stopped).numpy().tolist()
-    assert ids[-1] in (0, 4) and 0 not in ids[2:-1] and 4 not in ids[2:-1] or len(ids) == 14
-    continuation = lm.generate("alpha beta", max_new_tokens=12, temperature=0, strip_prompt=True)
-    assert "alpha beta" + continuation == one
     score = lm.score("alpha beta gamma\n")
     direct = to_np(lm.model(np.array([[2, 3, 4]]), targets=np.array([[3, 4, 0]]))["nll"])[0]
     np.testing.assert_allclose(score.log_likelihoods, -direct, rtol=1e-5, atol=1e-6)
     assert score.tokens == ["beta", "gamma", "<eos>"]
-    with pytest.raises(ValueError, match="stop_token_ids"):
-        lm.generate("alpha", max_new_tokens=2, stop_token_ids=[99])
 
 
 def test_presets_name_what_they_are():

@@ -27,6 +27,8 @@ import keras
 import tensorflow as tf
 
 from tf_records import files
+from txl_keras import generate as generation
+from txl_keras import samplers
 from txl_keras.tokenizers import TransformerXLTokenizer
 
 EXPORT_INFO = "txl_config.json"
@@ -50,8 +52,12 @@ def export_saved_model(model, path, vocabulary=None, mem_len=None, clamp_len=Non
     for name, (function, spec) in _signatures(model, serving).items():
         archive.add_endpoint(name, tf.function(function), input_signature=spec)
     if vocabulary is not None:
-        for name, (function, spec) in _text_signatures(archive, vocabulary).items():
+        tokenizer = TransformerXLTokenizer(vocabulary)
+        archive.track(tokenizer._table)
+        text = {**_text_signatures(tokenizer), "generate": _generate_signature(model, serving, tokenizer)}
+        for name, (function, spec) in text.items():
             archive.add_endpoint(name, tf.function(function), input_signature=spec)
+        archive.add_endpoint("serving_default", tf.function(text["generate"][0]), input_signature=text["generate"][1])
     with files.staged_folder(path, "an export", last="saved_model.pb") as staging:
         with files.reporting(path):
             archive.write_out(staging, verbose=False)
@@ -115,12 +121,11 @@ def _signatures(model, serving):
     }
 
 
-def _text_signatures(archive, vocabulary):
+def _text_signatures(tokenizer):
     """`encode`, `decode` and `vocabulary` endpoints: the `TransformerXLTokenizer`'s own
     functions (`tokenize_prompt`, `detokenize`), traced into the SavedModel."""
+    vocabulary = tokenizer.vocabulary
     settings = {k: v for k, v in vocabulary.to_dict().items() if k != "symbols"}
-    tokenizer = TransformerXLTokenizer(vocabulary)
-    archive.track(tokenizer._table)
 
     def encode(text):
         return {"ids": tokenizer.tokenize_prompt(text)}
@@ -136,3 +141,77 @@ def _text_signatures(archive, vocabulary):
         "decode": (decode, [tf.TensorSpec([None], tf.int32, name="ids")]),
         "vocabulary": (symbols_of, []),
     }
+
+
+class _ServedSampler:
+    """The sampler of the `generate` signature's inputs: greedy at `temperature` 0, else
+    `TopKSampler(top_k, temperature)` (`RandomSampler` at `top_k` 0), with the same draws."""
+
+    def __init__(self, temperature, top_k):
+        self.temperature, self.top_k = temperature, top_k
+
+    def __call__(self, log_probs, keys):
+        log_probs = tf.cast(log_probs, tf.float32)
+        greedy = tf.cast(tf.argmax(log_probs, axis=-1), tf.int32)
+        logits = log_probs / tf.maximum(self.temperature, 1e-6)
+        vocabulary = tf.shape(logits)[-1]
+        k = tf.where(self.top_k > 0, tf.minimum(self.top_k, vocabulary), vocabulary)
+        kth = tf.gather(tf.sort(logits, axis=-1, direction="DESCENDING"), k - 1, axis=-1)[:, None]
+        logits = tf.where(logits < kth, -float("inf"), logits)
+        gumbel = -tf.math.log(-tf.math.log(samplers.row_uniform(keys, vocabulary)))
+        sampled = tf.cast(tf.argmax(logits + gumbel, axis=-1), tf.int32)
+        return tf.where(self.temperature > 0, sampled, greedy)
+
+
+def _generate_signature(model, serving, tokenizer):
+    """`generate(prompts, max_new_tokens, temperature, top_k, seed)` -> `texts`: the whole
+    generation in the graph, each prompt as `TransformerXLCausalLM.generate` continues it
+    alone (to the vocabulary's end symbol), strings in and out."""
+    stops = () if tokenizer.end_token_id is None else (tokenizer.end_token_id,)
+    segment = serving.tgt_len
+
+    def one(prompt, max_new_tokens, sampler, seed):
+        ids = tokenizer.tokenize_prompt(prompt)
+        check = tf.debugging.assert_positive(tf.size(ids), message="each prompt must hold at least one token")
+        with tf.control_dependencies([check]):
+            context = tf.identity(ids)[None, :-1]
+        cache = model.init_cache(1, serving.mem_len, serving.clamp_len, segment_length=segment)
+        shapes = [ring.shape for ring in cache.rings]
+        full = tf.shape(context)[1] // segment
+
+        def advance(tokens, cache):  # (the rings keep their shapes, as the loop needs)
+            cache = model.call_with_cache(tokens, cache, **generation.step_memory(serving))[1]
+            return cache._replace(rings=tuple(tf.ensure_shape(r, shape) for r, shape in zip(cache.rings, shapes)))
+
+        def feed(s, cache):
+            return s + 1, advance(tf.ensure_shape(context[:, s * segment:(s + 1) * segment], [1, segment]), cache)
+
+        _, cache = tf.while_loop(lambda s, _: s < full, feed, (tf.constant(0), cache))
+        rest = context[:, full * segment:]
+        cache = tf.cond(tf.shape(rest)[1] > 0, lambda: advance(rest, cache), lambda: cache)
+        if cache.position_keys:
+            cache = cache._replace(position_keys=tuple(model.backbone.project_positions(serving.mem_len + 1,
+                                                                                        serving.clamp_len)))
+        new = generation.decode_loop(model, serving, sampler, max_new_tokens, stops, tf.reshape(ids[-1:], [1]), cache,
+                                     tf.reshape(max_new_tokens, [1]), tf.reshape(seed, [1]))[0]
+        if stops:  # up to and including the first stop token
+            hits = tf.where(tf.equal(new, stops[0]))[:, 0]
+            new = new[: tf.cond(tf.size(hits) > 0, lambda: tf.cast(hits[0], tf.int32) + 1,
+                                lambda: tf.shape(new)[0])]
+        return tokenizer.detokenize(tf.concat([ids, new], 0))
+
+    def generate(prompts, max_new_tokens, temperature, top_k, seed):
+        checks = [tf.debugging.assert_non_negative(max_new_tokens, message="`max_new_tokens` must be >= 0"),
+                  tf.debugging.assert_non_negative(temperature, message="`temperature` must be >= 0"),
+                  tf.debugging.assert_non_negative(top_k, message="`top_k` must be >= 0 (0: every token)")]
+        with tf.control_dependencies(checks):
+            sampler = _ServedSampler(tf.identity(temperature), tf.identity(top_k))
+        texts = tf.map_fn(lambda prompt: one(prompt, max_new_tokens, sampler, seed), prompts,
+                          fn_output_signature=tf.string)
+        return {"texts": texts}
+
+    return generate, [tf.TensorSpec([None], tf.string, name="prompts"),
+                      tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+                      tf.TensorSpec([], tf.float32, name="temperature"),
+                      tf.TensorSpec([], tf.int32, name="top_k"),
+                      tf.TensorSpec([], tf.int32, name="seed")]

@@ -1,10 +1,14 @@
-"""Sampling from a TransformerXLLM on any Keras backend: the prompt goes through the
-memory segment by segment, then each new token costs one step against the memory, held
-in an `InferenceCache` (`TransformerXLLM.call_with_cache`: no recomputation of the context;
-with relative positions the memory is kept as its keys and values, and the position keys
-are projected once per call). The token loop is one `keras.ops.while_loop`, compiled per
-backend (a `tf.function` on TensorFlow, `jax.jit` on JAX, eager on PyTorch) once per model
-and generation settings.
+"""Generation and scoring with a TransformerXLLM on any Keras backend: the prompt goes
+through the memory segment by segment, then each new token costs one step against the
+memory, held in an `InferenceCache` (`TransformerXLLM.call_with_cache`: no recomputation
+of the context; with relative positions the memory is kept as its keys and values, and
+the position keys are projected once per call). The token loop is one
+`keras.ops.while_loop`, compiled per backend (a `tf.function` on TensorFlow, `jax.jit` on
+JAX, eager on PyTorch) once per model and generation settings.
+
+A batch of prompts runs as one batch per prompt length, so that every row is exactly
+what its prompt gives alone: Transformer-XL's context depends on how the text was cut
+into segments, and prompts of one length are cut alike. Samplers: `txl_keras.samplers`.
 
     python -m txl_keras.generate --model_dir=runs/quickstart --prompt="def main(" \
         --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
@@ -17,13 +21,12 @@ import keras
 import numpy as np
 from keras import ops
 
-from txl_keras.generate.samplers import (GreedySampler, Sampler, TemperatureSampler, TopKSampler,
-                                         TopPSampler, sampler_from)
+from txl_keras.samplers import (BeamSampler, GreedySampler, RandomSampler, Sampler, TopKSampler, TopPSampler,
+                                sampler_from)
 
-__all__ = ["GreedySampler", "Sampler", "TemperatureSampler", "TopKSampler", "TopPSampler", "generate",
-           "sampler_from", "score"]
+__all__ = ["beam_search", "generate", "score", "stream"]
 
-BUILT_IN_SAMPLERS = (GreedySampler, TemperatureSampler, TopKSampler, TopPSampler)
+BUILT_IN_SAMPLERS = (GreedySampler, RandomSampler, TopKSampler, TopPSampler)
 _COMPILED = weakref.WeakKeyDictionary()  # model -> {generation or scoring settings: compiled steps}
 
 
@@ -55,16 +58,22 @@ def compile_for_backend(model, fn):
     return no_grad
 
 
+def _check_ids(ids, n_token, name="prompt"):
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or len(ids) < 1:
+        raise ValueError(f"Expected each `{name}` to hold at least one token id. Received shape {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"Expected integer token ids in `{name}`. Received dtype {ids.dtype}")
+    if ids.min() < 0 or ids.max() >= n_token:
+        raise ValueError(f"Prompt ids must be in [0, n_token={n_token}). Received ids in [{ids.min()}, {ids.max()}]")
+    return ids.astype("int32")
+
+
 def _check_prompt(prompt, n_token):
     prompt = np.asarray(prompt)
     if prompt.ndim != 2 or prompt.shape[1] < 1:
         raise ValueError(f"Expected `prompt` of shape (batch, length >= 1). Received shape {prompt.shape}")
-    if not np.issubdtype(prompt.dtype, np.integer):
-        raise ValueError(f"Expected integer token ids in `prompt`. Received dtype {prompt.dtype}")
-    if prompt.min() < 0 or prompt.max() >= n_token:
-        raise ValueError(f"Prompt ids must be in [0, n_token={n_token}). Received ids in "
-                         f"[{prompt.min()}, {prompt.max()}]")
-    return prompt.astype("int32")
+    return np.stack([_check_ids(row, n_token) for row in prompt])
 
 
 def _check_count(name, value, low, high=2**31 - 1):
@@ -73,73 +82,258 @@ def _check_count(name, value, low, high=2**31 - 1):
     return int(value)
 
 
+def _per_row(name, value, rows, low):
+    """An int per row, from one int or a sequence of `rows` ints."""
+    values = [value] * rows if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else list(value)
+    if len(values) != rows:
+        raise ValueError(f"Expected `{name}` to be an integer or one per prompt ({rows}). Received {len(values)}")
+    return np.asarray([_check_count(name, v, low) for v in values], "int32")
+
+
+def _stops(stop_token, n_token):
+    values = () if stop_token is None else (stop_token,) if isinstance(stop_token, (int, np.integer)) \
+        else tuple(stop_token)
+    return tuple(_check_count("stop_token", v, 0, n_token - 1) for v in values)
+
+
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, seed=0,
              stop_token=None, mem_len=None, clamp_len=None, same_length=None, sampler=None):
-    """Continue `prompt` (int `(batch, P)`, P >= 1) by `max_new_tokens` tokens.
+    """Continue prompts by up to `max_new_tokens` tokens each.
 
-    The next token is picked by `sampler` (a `Sampler`), by default the one of
-    `temperature` (0: greedy), `top_k` (0: off) and `top_p` (1: off), see
-    `sampler_from`. Sampling is reproducible for a given `seed`. After a row emits
-    `stop_token` it only repeats it, and the loop ends once every row has stopped.
-    `mem_len` (default: the config's) bounds the context the model sees. Returns int32
-    numpy `(batch, P + max_new_tokens)`. Later calls with the same settings and sampler
+    `prompt` is int `(batch, P)`, or a list of 1-D id sequences of any lengths. The next
+    token is picked by `sampler` (a `txl_keras.samplers.Sampler`, beam search included),
+    by default the one of `temperature` (0: greedy), `top_k` (0: off) and `top_p` (1:
+    off). A draw is a pure function of the seed (the sampler's, else `seed`: an int, or
+    one per row) and of how many tokens the row has generated, so a row gives the same
+    text alone or in a batch. A row ends at the first of `stop_token` (an id or a tuple
+    of ids); `max_new_tokens` may be one int per row. `mem_len` (default: the config's)
+    bounds the context the model sees.
+
+    Returns int32 numpy `(batch, P + max_new_tokens)` for a 2-D prompt (a stopped row
+    repeats its stop token), else a list of int32 arrays: each prompt and its new tokens,
+    up to and including its stop token. Later calls with the same settings and sampler
     reuse the compiled steps.
     """
     config = model.config
-    prompt = _check_prompt(prompt, config.n_token)
-    max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
-    seed = _check_count("seed", seed, 0)
-    stop = -1 if stop_token is None else _check_count("stop_token", stop_token, 0, config.n_token - 1)
+    ragged = not (isinstance(prompt, np.ndarray) and prompt.ndim == 2) and not _is_matrix(prompt)
+    rows = [_check_ids(p, config.n_token) for p in prompt] if ragged else list(_check_prompt(prompt, config.n_token))
+    if not rows:
+        raise ValueError("Expected at least one prompt.")
+    limits = _per_row("max_new_tokens", max_new_tokens, len(rows), 0)
     sampler = sampler or sampler_from(0 if temperature is None else temperature, top_k, top_p)
+    seeds = _per_row("seed", sampler.seed if sampler.seed is not None else seed, len(rows), 0)
+    stops = _stops(stop_token, config.n_token)
     settings = config.with_memory(mem_len, clamp_len, same_length)
-    # A built-in sampler is known by its config; any other only as the same object.
-    sampler_key = (type(sampler).__name__, json.dumps(sampler.get_config(), sort_keys=True)) \
-        if type(sampler) in BUILT_IN_SAMPLERS else sampler
-    compiled = _COMPILED.setdefault(model, {})
-    key = (settings.to_json(), sampler_key, max_new_tokens, stop)
-    if key not in compiled:
-        compiled[key] = _compiled_steps(model, settings, sampler, max_new_tokens, stop)
-    feed, decode = compiled[key]
+    new = [None] * len(rows)
+    if isinstance(sampler, BeamSampler):
+        for r, ids in enumerate(rows):
+            new[r] = beam_search(model, ids, int(limits[r]), sampler, stops, settings)
+    else:
+        for length in sorted({len(ids) for ids in rows}):
+            group = [r for r, ids in enumerate(rows) if len(ids) == length]
+            out = _generate_group(model, settings, sampler, np.stack([rows[r] for r in group]), limits[group],
+                                  seeds[group], stops)
+            for r, tokens in zip(group, out):
+                new[r] = _until_stop(tokens[: limits[r]], stops)
+    if ragged:
+        return [np.concatenate([ids, n]).astype("int32") for ids, n in zip(rows, new)]
+    width = int(limits.max())
+    fill = [np.full(width - len(n), n[-1] if len(n) and stops and n[-1] in stops else -1, "int32") for n in new]
+    return np.stack([np.concatenate([ids, n, f]) for ids, n, f in zip(rows, new, fill)]).astype("int32")
 
-    context = prompt[:, :-1]
-    cache = model.init_cache(prompt.shape[0], settings.mem_len, settings.clamp_len,
-                             segment_length=min(config.tgt_len, max(context.shape[1], 1)))
-    for start in range(0, context.shape[1], config.tgt_len):
-        cache = feed(ops.convert_to_tensor(context[:, start:start + config.tgt_len]), cache)
+
+def _is_matrix(prompt):
+    try:
+        return np.asarray(prompt).ndim == 2
+    except ValueError:  # rows of different lengths
+        return False
+
+
+def _until_stop(tokens, stops):
+    for k, token in enumerate(tokens):
+        if int(token) in stops:
+            return np.asarray(tokens[: k + 1], "int32")
+    return np.asarray(tokens, "int32")
+
+
+def _sampler_key(sampler):
+    """A built-in sampler is known by its config (less its seed, an input); any other only as the same object."""
+    if type(sampler) in BUILT_IN_SAMPLERS:
+        return type(sampler).__name__, json.dumps({k: v for k, v in sampler.get_config().items() if k != "seed"},
+                                                  sort_keys=True)
+    return sampler
+
+
+def _compiled(model, key, make):
+    compiled = _COMPILED.setdefault(model, {})
+    if key not in compiled:
+        compiled[key] = make()
+    return compiled[key]
+
+
+def prompt_cache(model, prompts, settings):
+    """The cache after the prompts' context (all but the last token, in segments of
+    `tgt_len`), ready for one-token steps. `prompts` int32 `(batch, L)`, one length."""
+    feed = _compiled(model, ("feed", settings.to_json()), lambda: _compiled_feed(model, settings))
+    context, tgt_len = prompts[:, :-1], model.config.tgt_len
+    cache = model.init_cache(prompts.shape[0], settings.mem_len, settings.clamp_len,
+                             segment_length=min(tgt_len, max(context.shape[1], 1)))
+    for start in range(0, context.shape[1], tgt_len):
+        cache = feed(ops.convert_to_tensor(context[:, start:start + tgt_len]), cache)
     if cache.position_keys:  # exactly the keys of a one-token step (a longer projection is sliced, a copy, per token)
         cache = cache._replace(position_keys=tuple(model.backbone.project_positions(settings.mem_len + 1,
                                                                                     settings.clamp_len)))
-    new = decode(ops.convert_to_tensor(prompt[:, -1]), cache, ops.convert_to_tensor(seed, "int32"))
-    return np.concatenate([prompt, ops.convert_to_numpy(new).astype("int32")], axis=1)
+    return cache
 
 
-def _compiled_steps(model, settings, sampler, max_new_tokens, stop):
-    """`(feed, decode)`: `feed(tokens, cache)` advances the cache over a prompt segment;
-    `decode(last, cache, seed)` produces the new tokens, int32 `(batch, max_new_tokens)`.
-    They hold the model weakly, so that the cache of compiled steps does not keep it alive."""
+def _compiled_feed(model, settings):
     compile_model, model = model, weakref.proxy(model)
     memory = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
 
     def feed(tokens, cache):
         return model.call_with_cache(tokens, cache, **memory)[1]
 
-    def decode(last, cache, seed):
-        def cond(i, last, done, produced, cache):
-            return ops.logical_and(i < max_new_tokens, ops.logical_not(ops.all(done)))
+    return compile_for_backend(compile_model, feed)
 
-        def body(i, last, done, produced, cache):
+
+def _generate_group(model, settings, sampler, prompts, limits, seeds, stops):
+    """New tokens int32 `(batch, max(limits))` of prompts of one length (a stopped or
+    finished row repeats its last token)."""
+    steps = int(limits.max())
+    if steps == 0:
+        return np.zeros((len(prompts), 0), "int32")
+    key = ("decode", settings.to_json(), _sampler_key(sampler), steps, stops)
+    decode = _compiled(model, key, lambda: _compiled_decode(model, settings, sampler, steps, stops))
+    cache = prompt_cache(model, prompts, settings)
+    new = decode(ops.convert_to_tensor(prompts[:, -1]), cache, ops.convert_to_tensor(limits),
+                 ops.convert_to_tensor(seeds))
+    return ops.convert_to_numpy(new).astype("int32")
+
+
+def step_memory(settings):
+    return dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
+
+
+def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds):
+    """The token loop: `steps` one-token steps from the prompts' last tokens `last` (B,)
+    against `cache`; row r stops at one of `stops` or after `limits[r]` tokens; its draws
+    are keyed `(seeds[r], its token count)`. Returns int32 `(B, steps)`."""
+    memory = step_memory(settings)
+    stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
+
+    def cond(i, last, done, produced, cache):
+        return ops.logical_and(i < steps, ops.logical_not(ops.all(done)))
+
+    def body(i, last, done, produced, cache):
+        out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
+        keys = ops.stack([seeds, ops.full(ops.shape(seeds), i, "int32")], axis=1)
+        token = ops.where(done, last, ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"))
+        produced = ops.slice_update(produced, (0, i), token[:, None])
+        stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
+        done = ops.logical_or(done, ops.logical_or(stopped, i + 1 >= limits))
+        return i + 1, token, done, produced, cache
+
+    batch = ops.shape(last)[0]
+    start = (ops.convert_to_tensor(0, "int32"), last, limits <= 0, ops.zeros((batch, steps), "int32"), cache)
+    return ops.while_loop(cond, body, start)[3]
+
+
+def _compiled_decode(model, settings, sampler, steps, stops):
+    compile_model, model = model, weakref.proxy(model)
+
+    def decode(last, cache, limits, seeds):
+        return decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds)
+
+    return compile_for_backend(compile_model, decode)
+
+
+def beam_search(model, prompt, max_new_tokens, sampler, stops=(), settings=None):
+    """The new tokens of the best beam (int32 `(n,)`, up to its stop token) of `prompt`
+    (1-D ids), with `sampler` a `BeamSampler`: the memory cache is expanded to the beams
+    and reordered with them in its own layout (the batch axis of every ring)."""
+    settings = settings or model.config.with_memory()
+    if max_new_tokens == 0:
+        return np.zeros((0,), "int32")
+    key = ("beam", settings.to_json(), sampler.num_beams, max_new_tokens, stops)
+    search = _compiled(model, key, lambda: _compiled_beam(model, settings, sampler.num_beams, max_new_tokens,
+                                                          stops))
+    cache = prompt_cache(model, np.asarray(prompt, "int32")[None], settings)
+    cache = cache._replace(rings=tuple(ops.repeat(ring, sampler.num_beams, axis=1) for ring in cache.rings))
+    sequences, scores, lengths = (ops.convert_to_numpy(x) for x in
+                                  search(ops.full((sampler.num_beams,), int(prompt[-1]), "int32"), cache))
+    normalized = scores / np.maximum(lengths, 1).astype("float64") ** sampler.length_penalty
+    best = int(np.argmax(normalized))
+    return sequences[best, : int(lengths[best])].astype("int32")
+
+
+def _compiled_beam(model, settings, beams, steps, stops):
+    compile_model, model = model, weakref.proxy(model)
+    memory = step_memory(settings)
+    stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
+
+    def search(last, cache):
+        def cond(i, last, scores, finished, lengths, sequences, cache):
+            return ops.logical_and(i < steps, ops.logical_not(ops.all(finished)))
+
+        def body(i, last, scores, finished, lengths, sequences, cache):
             out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
-            token = sampler(out["log_probs"][:, 0], ops.stack([seed, i]))
-            token = ops.where(done, stop, ops.cast(token, "int32"))
-            produced = ops.slice_update(produced, (0, i), token[:, None])
-            return i + 1, token, ops.logical_or(done, ops.equal(token, stop)), produced, cache
+            log_probs = ops.cast(out["log_probs"][:, 0], "float32")
+            vocabulary = ops.shape(log_probs)[1]
+            # a finished beam continues only with its stop token, at no cost
+            repeat = ops.where(ops.arange(vocabulary)[None] == last[:, None], 0.0, -np.inf)
+            log_probs = ops.where(finished[:, None], repeat, log_probs)
+            # at the first step every beam is the prompt: only the first one spreads
+            first = ops.logical_and(i == 0, ops.arange(beams) > 0)
+            total = ops.where(first[:, None], -np.inf, scores[:, None] + log_probs)
+            scores, flat = ops.top_k(ops.reshape(total, (-1,)), beams)
+            beam, token = flat // vocabulary, ops.cast(flat % vocabulary, "int32")
+            was_finished = ops.take(finished, beam, axis=0)
+            lengths = ops.take(lengths, beam, axis=0) + ops.cast(ops.logical_not(was_finished), "int32")
+            sequences = ops.slice_update(ops.take(sequences, beam, axis=0), (0, i), token[:, None])
+            stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
+            cache = cache._replace(rings=tuple(ops.take(ring, beam, axis=1) for ring in cache.rings))
+            return i + 1, token, scores, ops.logical_or(was_finished, stopped), lengths, sequences, cache
 
-        batch = ops.shape(last)[0]
-        start = (ops.convert_to_tensor(0, "int32"), last, ops.zeros((batch,), "bool"),
-                 ops.full((batch, max_new_tokens), stop, "int32"), cache)
-        return ops.while_loop(cond, body, start)[3]
+        start = (ops.convert_to_tensor(0, "int32"), last, ops.zeros((beams,), "float32"),
+                 ops.zeros((beams,), "bool"), ops.zeros((beams,), "int32"), ops.zeros((beams, steps), "int32"), cache)
+        _, _, scores, _, lengths, sequences, _ = ops.while_loop(cond, body, start)
+        return sequences, scores, lengths
 
-    return compile_for_backend(compile_model, feed), compile_for_backend(compile_model, decode)
+    return compile_for_backend(compile_model, search)
+
+
+def stream(model, prompt, max_new_tokens, sampler, stops=(), settings=None, seed=0):
+    """Yield the new tokens of one prompt (1-D ids) one at a time, each exactly the token
+    `generate` gives at that place for the same sampler and seed."""
+    if isinstance(sampler, BeamSampler):
+        raise ValueError("Beam search chooses its tokens at the end; stream with a token-by-token sampler "
+                         "(greedy, random, top_k, top_p).")
+    settings = settings or model.config.with_memory()
+    prompt = _check_ids(prompt, model.config.n_token)
+    max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
+    seeds = _per_row("seed", sampler.seed if sampler.seed is not None else seed, 1, 0)
+    stops = _stops(stops, model.config.n_token)
+    step = _compiled(model, ("stream", settings.to_json(), _sampler_key(sampler)),
+                     lambda: _compiled_stream_step(model, settings, sampler))
+    cache, last = prompt_cache(model, prompt[None], settings), ops.convert_to_tensor(prompt[-1:])
+    for i in range(max_new_tokens):
+        last, cache = step(last, cache, ops.convert_to_tensor(seeds), ops.convert_to_tensor(i, "int32"))
+        token = int(ops.convert_to_numpy(last)[0])
+        yield token
+        if token in stops:
+            return
+
+
+def _compiled_stream_step(model, settings, sampler):
+    compile_model, model = model, weakref.proxy(model)
+    memory = step_memory(settings)
+
+    def step(last, cache, seeds, i):
+        out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
+        keys = ops.stack([seeds, ops.full(ops.shape(seeds), i, "int32")], axis=1)
+        return ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"), cache
+
+    return compile_for_backend(compile_model, step)
 
 
 def score(model, ids, mem_len=None, clamp_len=None, same_length=None, segment_length=None):

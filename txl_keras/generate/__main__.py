@@ -3,7 +3,12 @@
     python -m txl_keras.generate --model_dir=runs/quickstart --prompt="def main(" \
         --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
     python -m txl_keras.generate --pretrained=transfo_xl_wt103 --prompt="The history of" --stop="<eos>"
+    python -m txl_keras.generate --model_dir=runs/quickstart --prompt="def main(" --stop="\n" --num_beams=4
     python -m txl_keras.generate --model_dir=runs/quickstart --score="def main(argv):"
+
+The text is printed as it is generated (beam search prints it at the end). `--stop` (any
+number of times) is a symbol of the vocabulary or a text of one token, with Python's
+escapes (`--stop="\n"`).
 """
 
 
@@ -12,10 +17,10 @@ from absl import app, flags
 from tf_records import program
 from tf_records.vocabulary import Vocabulary
 from txl_keras import presets
-from txl_keras.generate import generate
-from txl_keras.run_folder import load_trained_model, load_weights
-from txl_keras.tasks import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor
 from txl_keras.models import TransformerXLLM
+from txl_keras.run_folder import load_weights
+from txl_keras.samplers import BeamSampler, sampler_from
+from txl_keras.tasks import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor
 from txl_keras.tokenizers import TransformerXLTokenizer
 
 FLAGS = flags.FLAGS
@@ -34,7 +39,12 @@ flags.DEFINE_integer("top_k", 0, "Keep only the k most likely tokens (0: all).",
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1] (1: all tokens).", lower_bound=0.0,
                    upper_bound=1.0)
 flags.DEFINE_integer("seed", 0, "Sampling seed, in [0, 2**31).", lower_bound=0, upper_bound=2**31 - 1)
-flags.DEFINE_string("stop", None, "Stop symbol (e.g. <eos>); printing ends at it.")
+flags.DEFINE_integer("num_beams", 1, "Beam search with this many beams (1: sample as the flags above say).",
+                     lower_bound=1)
+flags.DEFINE_float("length_penalty", 1.0, "Beam search: beams ranked by log-likelihood / new_tokens ** this.",
+                   lower_bound=0.0)
+flags.DEFINE_multi_string("stop", [], "Stop token: a symbol of the vocabulary (e.g. <eos>) or a text of one token, "
+                          "escapes decoded (e.g. \\n); printing ends at it. Repeat the flag for several.")
 flags.DEFINE_integer("mem_len", None, "Memory length (default: the config's).", lower_bound=0)
 flags.DEFINE_integer("clamp_len", None, "clamp_len for generation (-1 or 0: no clamping).", lower_bound=-1)
 
@@ -47,12 +57,31 @@ def model_preset():
 
 
 def load_model(found):
-    """The model of --checkpoint, else the preset's newest weights."""
-    if found.kind != "preset folder" and not FLAGS.checkpoint:
-        return load_trained_model(found.folder)
-    model = TransformerXLLM(found.config)
+    """The model of --checkpoint, else the preset's newest weights, with --mem_len and --clamp_len."""
+    overrides = {k: v for k, v in (("mem_len", FLAGS.mem_len), ("clamp_len", FLAGS.clamp_len)) if v is not None}
+    model = TransformerXLLM(found.config.replace(**overrides))
     load_weights(model, FLAGS.checkpoint or found.weights)
     return model
+
+
+def stop_ids(tokenizer):
+    """The ids of --stop: symbols, or texts of one token (escapes decoded)."""
+    ids = []
+    for value in FLAGS.stop:
+        text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        if text in tokenizer.vocabulary.index:
+            ids.append(tokenizer.token_to_id(text))
+            continue
+        try:
+            tokens = tokenizer.tokenize_prompt(text).numpy().tolist()
+        except ValueError:
+            tokens = []
+        unknown = tokenizer.vocabulary.unk_id
+        if len(tokens) != 1 or (unknown is not None and tokens[0] == unknown):
+            raise app.UsageError(f"--stop={value!r} is not in the vocabulary; give one of its symbols or a text of "
+                                 "one token.")
+        ids.append(tokens[0])
+    return ids
 
 
 def main(argv):
@@ -67,20 +96,21 @@ def main(argv):
     tokenizer = TransformerXLTokenizer(vocab)
     if FLAGS.score is not None:
         return print_score(found, tokenizer)
-    stop = None
-    if FLAGS.stop:
-        if FLAGS.stop not in vocab.index:
-            raise app.UsageError(f"--stop={FLAGS.stop!r} is not in the vocabulary; give one of its symbols.")
-        stop = vocab.index[FLAGS.stop]
-    ids = tokenizer.tokenize_prompt(FLAGS.prompt).numpy()
-    if len(ids) == 0:
+    stops = stop_ids(tokenizer)
+    if len(tokenizer.tokenize_prompt(FLAGS.prompt).numpy()) == 0:
         raise app.UsageError("--prompt encodes to no token; give some text.")
-    out = generate(load_model(found), ids[None], FLAGS.max_new_tokens, FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
-                   FLAGS.seed, stop, FLAGS.mem_len, FLAGS.clamp_len)[0]
-    new = list(out[len(ids):])
-    if stop is not None and stop in new:
-        new = new[: new.index(stop) + 1]  # print up to the stop symbol, once
-    print(tokenizer.detokenize(list(ids) + new))
+    sampler = BeamSampler(FLAGS.num_beams, FLAGS.length_penalty) if FLAGS.num_beams > 1 else \
+        sampler_from(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.seed)
+    model = load_model(found)
+    lm = TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(tokenizer, model.config.tgt_len))
+    options = dict(max_new_tokens=FLAGS.max_new_tokens, stop_token_ids=stops, sampler=sampler)
+    if isinstance(sampler, BeamSampler):
+        print(lm.generate(FLAGS.prompt, **options))
+        return
+    print(tokenizer.detokenize(tokenizer.tokenize_prompt(FLAGS.prompt)), end="", flush=True)
+    for piece in lm.stream(FLAGS.prompt, **options):
+        print(piece, end="", flush=True)
+    print()
 
 
 def print_score(found, tokenizer):

@@ -12,6 +12,7 @@ from keras import ops
 from tf_records import files
 from txl_keras import generate as generation
 from txl_keras import presets as preset_resolver
+from txl_keras import samplers
 from txl_keras.layers import MemoryCache
 from txl_keras.models import TransformerXLLM, sizes
 from txl_keras.run_folder import load_trained_model, load_weights, save_weights
@@ -95,6 +96,7 @@ class TransformerXLCausalLM(keras.Model):
         self.preprocessor = preprocessor
         self.stream_memory = None  # a stateful MemoryCache of fit's batch size, made by fit
         self._schedule = None
+        self.sampler = None  # compile(sampler=...)
 
     @property
     def tokenizer(self):
@@ -174,10 +176,14 @@ class TransformerXLCausalLM(keras.Model):
             loss = loss + ops.cast(extra, "float32")
         return loss
 
-    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", jit_compile=False, **kwargs):
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", jit_compile=False,
+                **kwargs):
         """Keras's `compile` with the paper's defaults (see the class docstring). `loss`
         must stay "auto": the loss is the adaptive softmax's NLL. Metrics are best given as
-        `weighted_metrics` (as KerasHub's): those leave the padding of the last batch out."""
+        `weighted_metrics` (as KerasHub's): those leave the padding of the last batch out.
+        `sampler`: how `generate` picks tokens, a name ("greedy", "top_k", "top_p",
+        "random", "beam") or a `txl_keras.samplers.Sampler`."""
+        self.sampler = samplers.get(sampler)
         if loss not in ("auto", None):
             raise ValueError("TransformerXLCausalLM computes its own loss (the adaptive softmax's negative "
                              f"log-likelihood in nats); leave `loss` as 'auto'. Received: loss={loss!r}")
@@ -258,40 +264,104 @@ class TransformerXLCausalLM(keras.Model):
                          log_likelihoods=(-nll).astype("float32"), perplexity=math.exp(min(nll.mean(), 700)),
                          bits_per_character=float(nll.sum() / math.log(2) / max(characters, 1)))
 
-    def generate(self, inputs, max_new_tokens=100, temperature=1.0, top_k=0, top_p=1.0, seed=0,
-                 stop_token_ids=None, strip_prompt=False):
-        """Continue a prompt (a string gives a string; a list of strings a list, each
-        prompt continued as it would be alone): `max_new_tokens` tokens sampled
-        (`temperature` 0: greedy; `top_k`, `top_p`; reproducible for a `seed`, see
-        `txl_keras.generate.generate`), ending at the first of `stop_token_ids` (ids or
-        tokens), which is kept. `strip_prompt=True` returns the continuation only."""
-        if isinstance(inputs, (list, tuple)):
-            return [self.generate(p, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, strip_prompt)
-                    for p in inputs]
-        if not isinstance(inputs, str):
-            raise ValueError(f"Expected a prompt string or a list of them. Received: {type(inputs).__name__}")
-        ids = np.asarray(self.preprocessor.generate_preprocess(inputs))
-        if len(ids) == 0:
-            raise ValueError(f"Expected a prompt that encodes to at least one token. Received: inputs={inputs!r}")
+    def generate(self, inputs, max_length=None, max_new_tokens=None, stop_token_ids="auto", strip_prompt=False,
+                 sampler=None):
+        """Continue prompts: a string gives a string, a list of strings a list, in order.
+
+        Each prompt gives exactly what it gives alone (greedy: the same text; sampled: the
+        same text for the same seed), whatever else shares the batch; prompts of one
+        length run as one batch (Transformer-XL's context depends on how a text is cut
+        into segments, and prompts of one length are cut alike).
+
+        Args:
+            inputs: a string or a list of strings.
+            max_length: the length in tokens of each prompt and its continuation.
+            max_new_tokens: new tokens per prompt (default 100 when `max_length` is not given).
+            stop_token_ids: "auto" (the vocabulary's end symbol, `<eos>` or `<S>`, where it
+                has one), None, or a tuple of ids or tokens: a row ends at the first, kept.
+            strip_prompt: return the continuations only.
+            sampler: a name or a `txl_keras.samplers.Sampler` for this call (default: the
+                one of `compile(sampler=...)`, else "top_k").
+        """
+        single = isinstance(inputs, str)
+        prompts = [inputs] if single else list(inputs) if isinstance(inputs, (list, tuple)) else None
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"Expected a prompt string or a non-empty list of them. Received: {inputs!r}")
+        ids = [np.asarray(row, np.int32) for row in self.preprocessor.generate_preprocess(prompts).to_list()]
+        for prompt, row in zip(prompts, ids):
+            if len(row) == 0:
+                raise ValueError(f"Expected a prompt that encodes to at least one token. Received: {prompt!r}")
+        limits = self._new_token_limits(ids, max_length, max_new_tokens)
         stops = self._stop_ids(stop_token_ids)
-        out = generation.generate(self.model, ids[None], max_new_tokens, temperature, top_k, top_p, seed,
-                                  stops[0] if len(stops) == 1 else None)[0]
-        new = [int(i) for i in out[len(ids):]]
-        ends = [k for k, i in enumerate(new) if i in stops]
-        new = new[: ends[0] + 1] if ends else new
-        text = self.preprocessor.generate_postprocess(np.concatenate([ids, np.asarray(new, np.int32)]))
+        out = generation.generate(self.model, ids, limits, stop_token=stops, sampler=self._sampler(sampler))
+        texts = [self._text(row[: len(p)], row[len(p):], strip_prompt) for p, row in zip(ids, out)]
+        return texts[0] if single else texts
+
+    def stream(self, inputs, max_length=None, max_new_tokens=None, stop_token_ids="auto", sampler=None):
+        """Yield the continuation of one prompt (a string) as it is generated, in pieces of
+        text whose join is `generate(..., strip_prompt=True)`'s for the same sampler and
+        seed (a byte-level piece waits for the rest of its character)."""
+        if not isinstance(inputs, str):
+            raise ValueError(f"Expected one prompt string. Received: {type(inputs).__name__}")
+        prompt = np.asarray(self.preprocessor.generate_preprocess(inputs), np.int32)
+        if len(prompt) == 0:
+            raise ValueError(f"Expected a prompt that encodes to at least one token. Received: {inputs!r}")
+        limit = int(self._new_token_limits([prompt], max_length, max_new_tokens)[0])
+        sampler = self._sampler(sampler)
+        new, shown = [], ""
+        for token in generation.stream(self.model, prompt, limit, sampler, self._stop_ids(stop_token_ids),
+                                       seed=sampler.draw_seed()):
+            new.append(token)
+            text = self._text(prompt, np.asarray(new, np.int32), True)
+            complete = text.rstrip("\ufffd") if self.tokenizer.vocabulary.level == "byte" else text
+            if len(complete) > len(shown):
+                yield complete[len(shown):]
+                shown = complete
+        text = self._text(prompt, np.asarray(new, np.int32), True)
+        if len(text) > len(shown):
+            yield text[len(shown):]
+
+    def _text(self, prompt, new, strip_prompt):
+        text = self.preprocessor.generate_postprocess(np.concatenate([prompt, new]).astype(np.int32))
         if not strip_prompt:
             return text
-        prompt = self.preprocessor.generate_postprocess(ids)
-        return text[len(prompt):] if text.startswith(prompt) else self.preprocessor.generate_postprocess(new)
+        before = self.preprocessor.generate_postprocess(prompt)
+        return text[len(before):] if text.startswith(before) else self.preprocessor.generate_postprocess(new)
+
+    def _sampler(self, sampler):
+        chosen = samplers.get(sampler if sampler is not None else getattr(self, "sampler", None) or "top_k")
+        if chosen.seed is None and not isinstance(chosen, (samplers.GreedySampler, samplers.BeamSampler)):
+            chosen = type(chosen).from_config({**chosen.get_config(), "seed": chosen.draw_seed()})
+        return chosen
+
+    def _new_token_limits(self, prompts, max_length, max_new_tokens):
+        if max_length is not None and max_new_tokens is not None:
+            raise ValueError("Give `max_length` or `max_new_tokens`, not both.")
+        if max_length is None:
+            count = 100 if max_new_tokens is None else max_new_tokens
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+                raise ValueError(f"Expected `max_new_tokens` to be a non-negative integer. Received: {count!r}")
+            return [int(count)] * len(prompts)
+        if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
+            raise ValueError(f"Expected `max_length` to be an integer. Received: max_length={max_length!r}")
+        longest = max(len(p) for p in prompts)
+        if max_length < longest:
+            raise ValueError(f"`max_length`={max_length} is below the length of a prompt ({longest} tokens); give "
+                             "a larger max_length or use max_new_tokens.")
+        return [int(max_length) - len(p) for p in prompts]
 
     def _stop_ids(self, stop_token_ids):
         if stop_token_ids is None:
-            return []
+            return ()
+        if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
+            end = self.tokenizer.end_token_id
+            return () if end is None else (end,)
         values = stop_token_ids if isinstance(stop_token_ids, (list, tuple)) else [stop_token_ids]
         ids = []
         for value in values:
             if isinstance(value, str):
+                if value not in self.tokenizer.vocabulary.index:
+                    raise ValueError(f"Expected `stop_token_ids` to hold tokens of the vocabulary. Received: {value!r}")
                 ids.append(self.tokenizer.token_to_id(value))
             elif isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
                     and 0 <= value < self.tokenizer.vocabulary_size():
@@ -299,7 +369,7 @@ class TransformerXLCausalLM(keras.Model):
             else:
                 raise ValueError(f"Expected `stop_token_ids` to hold token ids in [0, "
                                  f"{self.tokenizer.vocabulary_size()}) or tokens. Received: {value!r}")
-        return ids
+        return tuple(ids)
 
     # -- serialization -------------------------------------------------------------------------
 
