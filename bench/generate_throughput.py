@@ -11,6 +11,12 @@ its `mems`, as its `generate` does. Per-token time is the difference between pro
 `--long` and `--short` new tokens divided by their difference (prompt and compilation
 cancel out), the best of two calls each; ours also prints the fixed cost of a call.
 `--baseline=DIR` adds the txl_keras checkout in DIR (another commit) as a side.
+
+Ours also runs, each in its own process, the same model on: a batch of 8 prompts of the
+same length (`batch8`: tokens/s of the batch against one prompt at a time), beam search
+with 4 beams (`beam4`: time per new token against greedy), and the SavedModel's in-graph
+`generate` signature on a prompt of 128 words of a stand-in vocabulary (`in_graph`: time
+per new token against `TransformerXLCausalLM.generate` on the same text).
 """
 
 import argparse
@@ -19,10 +25,13 @@ import os
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, random_ids, run_worker  # noqa: E402
 
 SETTINGS = dict(mem_len=1600, clamp_len=1000, same_length=True, prompt=128)
+MODES = ("greedy", "batch8", "beam4", "in_graph")
 
 
 def per_token(run, short, long):
@@ -45,13 +54,51 @@ def txl_worker(c, e):
     from common import model_config
     from txl_keras import TransformerXLLM
     from txl_keras.generate import generate
+    from txl_keras.samplers import BeamSampler
 
-    model = TransformerXLLM(model_config(c, dropout=0.0))
+    model = TransformerXLLM(model_config(c, dropout=0.0, mem_len=e["mem_len"], clamp_len=e["clamp_len"],
+                                         same_length=e["same_length"]))
     prompt = random_ids(e["prompt"] + 1, c["n_token"], zipf=True).reshape(1, -1)
-    step, fixed = per_token(lambda n: generate(model, prompt, n, temperature=0, mem_len=e["mem_len"],
-                                               clamp_len=e["clamp_len"], same_length=e["same_length"]),
+    mode = e["mode"]
+    if mode == "in_graph":
+        return in_graph_worker(model, c, e)
+    if mode == "batch8":
+        prompt = np.stack([random_ids(e["prompt"] + 1, c["n_token"], seed=s, zipf=True) for s in range(8)])
+    sampler = BeamSampler(4, 0.0) if mode == "beam4" else None
+    step, fixed = per_token(lambda n: generate(model, prompt, n, temperature=0, sampler=sampler),
                             e["short"], e["long"])
-    return {"s_per_token": step, "fixed_s": fixed}
+    return {"s_per_token": step, "fixed_s": fixed, "rows": len(prompt)}
+
+
+def in_graph_worker(model, c, e):
+    """The exported `generate` signature against the task's generate, one prompt of words."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from tf_records.vocabulary import Vocabulary
+    from txl_keras import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLTokenizer
+    from txl_keras.export import export_saved_model
+
+    vocab = Vocabulary([f"w{i}" for i in range(c["n_token"])])  # no end symbol: every token asked for is made
+    text = " ".join(f"w{i}" for i in random_ids(e["prompt"] + 1, c["n_token"], zipf=True))
+    folder = os.path.join(tempfile.mkdtemp(), "exported")
+    export_saved_model(model, folder, vocab)
+    served = tf.saved_model.load(folder)
+    lm = TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab),
+                                                                        model.config.tgt_len))
+
+    def exported(n):
+        served.generate(prompts=tf.constant([text]), max_new_tokens=tf.constant(n), temperature=tf.constant(0.0),
+                        top_k=tf.constant(0), seed=tf.constant(0))
+
+    def task(n):
+        lm.generate(text, max_new_tokens=n, sampler="greedy")
+
+    graph_step, graph_fixed = per_token(exported, e["short"], e["long"])
+    task_step, task_fixed = per_token(task, e["short"], e["long"])
+    return {"s_per_token": graph_step, "fixed_s": graph_fixed, "task_s_per_token": task_step,
+            "task_fixed_s": task_fixed, "rows": 1}
 
 
 def hf_worker(c, e):
@@ -87,8 +134,10 @@ def main():
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
+    parser.add_argument("--mode", default="greedy", choices=MODES, help="what a txl_keras worker runs (internal)")
+    parser.add_argument("--modes", default=",".join(MODES), help="the txl_keras measurements to run, comma-separated")
     args = parser.parse_args()
-    e = {**SETTINGS, "short": args.short, "long": args.long}
+    e = {**SETTINGS, "short": args.short, "long": args.long, "mode": args.mode}
     if args.config_json:
         c = json.loads(args.config_json)
     else:
@@ -100,17 +149,33 @@ def main():
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
     print(f"greedy generation, wt103_base, batch 1, {e}")
     forwarded = ["--config_json", json.dumps(c), f"--short={args.short}", f"--long={args.long}"]
-    results = {"txl_keras": run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + forwarded)}
+    modes = [m for m in args.modes.split(",") if m]
+    results = {m: run_worker(sys.executable, __file__, ["--impl", "txl_keras", f"--mode={m}"] + forwarded)
+               for m in modes}
     if args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
         results["baseline"] = run_worker(sys.executable, script, ["--impl", "txl_keras"] + forwarded)
     if args.hf_python:
         results["hf"] = run_worker(args.hf_python, __file__, ["--impl", "hf"] + forwarded)
     for impl, r in results.items():
-        print(f"{impl:>10}: {r['s_per_token'] * 1e3:.1f} ms per new token, {r['fixed_s']:.2f} s fixed per call")
+        rows = r.get("rows", 1)
+        print(f"{impl:>10}: {r['s_per_token'] * 1e3:.1f} ms per step ({rows} row{'s' if rows > 1 else ''}: "
+              f"{rows / r['s_per_token']:.1f} tokens/s), {r['fixed_s']:.2f} s fixed per call")
+    greedy = results.get("greedy")
+    if greedy and "batch8" in results:
+        ratio = (8 / results["batch8"]["s_per_token"]) / (1 / greedy["s_per_token"])
+        print(f"batch of 8 prompts / one prompt at a time (tokens/s): {ratio:.2f}x")
+    if greedy and "beam4" in results:
+        print(f"beam search, 4 beams / greedy (time per new token): "
+              f"{results['beam4']['s_per_token'] / greedy['s_per_token']:.2f}x")
+    if "in_graph" in results:
+        r = results["in_graph"]
+        print(f"in-graph generate signature: {r['s_per_token'] * 1e3:.1f} ms per new token, "
+              f"TransformerXLCausalLM.generate {r['task_s_per_token'] * 1e3:.1f} ms: "
+              f"{r['s_per_token'] / r['task_s_per_token']:.2f}x the time")
     for impl in ("baseline", "hf"):
-        if impl in results:
-            ratio = results[impl]["s_per_token"] / results["txl_keras"]["s_per_token"]
+        if impl in results and greedy:
+            ratio = results[impl]["s_per_token"] / greedy["s_per_token"]
             print(f"ratio txl_keras / {impl} (tokens/s): {ratio:.2f}x")
 
 

@@ -94,7 +94,7 @@ out["log_probs_shape"] = step["log_probs"].shape.as_list()
 nxt = int(tf.argmax(step["log_probs"][0]))
 out["text"] = loaded.decode(tf.constant(out["ids"] + [nxt]))["text"].numpy().decode()
 errors = []
-for tokens, valid in (([[1, 500]], state["memory_valid"]), ([[1, 2]], tf.constant(-5)), ([[1, 2]], tf.constant(99))):
+for tokens, valid in (([[1, 500]], state["memory_valid"]), ([[1, 2]], tf.constant([-5])), ([[1, 2]], tf.constant([99]))):
     try:
         loaded.score(tf.constant(tokens), tf.constant([[1, 2]]), valid, *[state[f"mem_{i}"] for i in range(2)])
         errors.append("none")
@@ -150,3 +150,46 @@ def test_the_text_signatures_follow_the_vocabularys_rules(tmp_path, level, text)
     ids = loaded.encode(tf.constant(text))["ids"].numpy().tolist()
     assert ids == vocab.encode_prompt(text).tolist()
     assert loaded.decode(tf.constant(ids))["text"].numpy().decode() == vocab.decode(ids) == text
+
+
+GENERATOR = r"""
+import sys, json
+sys.modules["txl_keras"] = None  # the whole generation runs in the SavedModel's graph
+sys.modules["tf_records"] = None
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+prompts = tf.constant(json.loads(sys.argv[2]))
+out = {}
+for name, (temperature, top_k, seed) in {"greedy": (0.0, 0, 0), "top_k": (0.8, 3, 7)}.items():
+    texts = loaded.generate(prompts=prompts, max_new_tokens=tf.constant(9), temperature=tf.constant(temperature),
+                            top_k=tf.constant(top_k), seed=tf.constant(seed))["texts"]
+    out[name] = [t.decode() for t in texts.numpy()]
+default = loaded.signatures["serving_default"](prompts=prompts, max_new_tokens=tf.constant(9),
+                                               temperature=tf.constant(0.0), top_k=tf.constant(0), seed=tf.constant(0))
+out["serving_default"] = [t.decode() for t in default["texts"].numpy()]
+print(json.dumps(out))
+"""
+
+
+def test_the_saved_models_generate_is_the_tasks_generate_without_txl_keras(tmp_path):
+    from tf_records.vocabulary import Vocabulary
+    from txl_keras import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLTokenizer
+    from txl_keras.export import export_saved_model
+    from txl_keras.samplers import TopKSampler
+
+    vocab = Vocabulary(["<eos>", "<unk>", "alpha", "beta", "gamma", "delta", "kappa"], add_eos=True,
+                       unk_symbol="<unk>")
+    model = TransformerXLLM(TransformerXLConfig.from_preset("tiny", n_token=len(vocab), cutoffs=[], tgt_len=4,
+                                                            mem_len=6, same_length=False))
+    lm = TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab), 4))
+    export_saved_model(model, str(tmp_path / "exported"), vocab)
+    prompts = ["alpha beta gamma delta kappa alpha beta", "gamma", "delta kappa\nalpha"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    result = subprocess.run([sys.executable, "-c", GENERATOR, str(tmp_path / "exported"), json.dumps(prompts)],
+                            capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    greedy = lm.generate(prompts, max_new_tokens=9, sampler="greedy")
+    assert served["greedy"] == greedy and served["serving_default"] == greedy
+    assert served["top_k"] == lm.generate(prompts, max_new_tokens=9, sampler=TopKSampler(k=3, temperature=0.8, seed=7))

@@ -333,3 +333,24 @@ def test_vanilla_transformer_attn_type_2_matches_numpy():
                                          cfg.d_head, eps=cfg.layer_norm_epsilon)
         h = reference.feed_forward(h, feed_forward_weights(block.feed_forward), eps=cfg.layer_norm_epsilon)
     np.testing.assert_allclose(got, h, atol=2e-4)
+
+
+def test_a_memory_valid_per_row_equals_each_row_with_its_own_count():
+    """Rows of one batch at different places in their streams: each row's NLL and new
+    count are those of the row run alone with its own count (fast and reference kernels)."""
+    from txl_keras.kernels import reference_kernels
+
+    model = TransformerXLLM(TransformerXLConfig.from_preset("tiny", n_token=20, cutoffs=[], same_length=False))
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 20, (3, 5)).astype("int32")
+    mems = [rng.normal(size=(3, 8, 16)).astype("float32") for _ in range(2)]
+    valid = np.array([0, 3, 8], "int32")
+    for context in (reference_kernels, contextlib.nullcontext):
+        with context():
+            out = model(x, targets=x, mems=mems, memory_valid=valid)
+        for r in range(3):
+            one = model(x[r:r + 1], targets=x[r:r + 1], mems=[m[r:r + 1] for m in mems], memory_valid=int(valid[r]))
+            np.testing.assert_allclose(to_np(out["nll"])[r], to_np(one["nll"])[0], atol=1e-5)
+            assert int(to_np(out["memory_valid"])[r]) == int(to_np(one["memory_valid"]))
+    with pytest.raises(ValueError, match=r"Expected `memory_valid` to be an integer in \[0, 8\]"):
+        model(x, mems=mems, memory_valid=np.array([0, 9, 1], "int32"))

@@ -4,7 +4,9 @@
 
 Signatures (`B` streams, `T` tokens; every memory is `(B, mem_len, d_model)` float32 and
 `memory_valid` counts its real slots, the newest; the rest are masked):
-- `initial_memory(batch_size)` -> `mem_0 ... mem_{L-1}`, `memory_valid`: an empty memory.
+- `initial_memory(batch_size)` -> `mem_0 ... mem_{L-1}`, `memory_valid` `(B,)`: an empty memory.
+  `memory_valid` counts each row's real slots, so the rows of a batch may be at different
+  places in their streams.
 - `next_log_probs(tokens (B, T) int32, memory_valid, mem_0 ...)` -> `log_probs` `(B, n_token)`
   float32, the next token's log-probabilities after the last position only, and
   `new_mem_0 ...`, `new_memory_valid`: the memory after the segment.
@@ -15,6 +17,11 @@ Signatures (`B` streams, `T` tokens; every memory is `(B, mem_len, d_model)` flo
   (`TransformerXLTokenizer.detokenize`: at word level each `<eos>` a line break), and `vocabulary()` -> `symbols` `(n_token,)` string and
   `settings`, a JSON string of its tokenisation rules; it is also the file
   `assets/vocab.json` (`tf_records.vocabulary.Vocabulary`'s format).
+- `generate(prompts (N,) string, max_new_tokens, temperature, top_k, seed)` -> `texts` `(N,)`:
+  the whole generation in the graph, each prompt as `TransformerXLCausalLM.generate`
+  continues it alone, to the vocabulary's end symbol (`temperature` 0: greedy; `top_k` 0:
+  every token). `serving_default` is `generate`: text in, text out in one call, what a
+  server that knows nothing of the memory wants.
 Token ids outside `[0, n_token)` and `memory_valid` outside `[0, mem_len]` are refused (an
 `InvalidArgumentError` naming the argument). The attribute functions take the same
 argument names as the signatures. The result loads with `tf.saved_model.load` in a process
@@ -82,7 +89,7 @@ def _signatures(model, serving):
     overrides = dict(mem_len=mem_len, clamp_len=serving.clamp_len, same_length=serving.same_length)
     mem_specs = [tf.TensorSpec([None, mem_len, serving.d_model], tf.float32, name=f"mem_{i}")
                  for i in range(serving.n_layer)]
-    valid_spec = tf.TensorSpec([], tf.int32, name="memory_valid")
+    valid_spec = tf.TensorSpec([None], tf.int32, name="memory_valid")  # one count per row
     tokens_spec = tf.TensorSpec([None, None], tf.int32, name="tokens")
     targets_spec = tf.TensorSpec([None, None], tf.int32, name="targets")
 
@@ -101,7 +108,7 @@ def _signatures(model, serving):
     def initial_memory(batch_size):
         zeros = tf.zeros([batch_size, mem_len, serving.d_model], tf.float32)
         result = {f"mem_{i}": zeros for i in range(serving.n_layer)}
-        result["memory_valid"] = tf.constant(mem_len if serving.mem_init == "zeros" else 0, tf.int32)
+        result["memory_valid"] = tf.fill([batch_size], mem_len if serving.mem_init == "zeros" else 0)
         return result
 
     def next_log_probs(tokens, memory_valid, *mem):  # (*mem: the arguments are named mem_0, mem_1, ...)

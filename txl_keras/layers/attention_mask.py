@@ -15,14 +15,16 @@ def causal_attention_mask(query_length, memory_length, memory_valid=None, max_di
     Args:
         query_length: int or scalar tensor, `T`.
         memory_length: int or scalar tensor, `M`.
-        memory_valid: optional int scalar tensor, how many of the most recent memory
-            slots hold real positions. `None` means all `M`.
+        memory_valid: optional int scalar or `(batch_size,)` tensor (one count per row),
+            how many of the most recent memory slots hold real positions. `None` means
+            all `M`.
         max_distance: optional int, the `same_length` window: the original TF code
             uses `mem_len` (each query sees `mem_len + 1` keys), the PyTorch code
             `mem_len - 1` (`mem_len` keys). `None` for the plain causal mask.
 
     Returns:
-        Boolean tensor of shape `(T, M + T)`, True where attention is allowed.
+        Boolean tensor of shape `(T, M + T)` (`(batch_size, T, M + T)` with a count per
+        row), True where attention is allowed.
     """
     query_pos = ops.arange(query_length, dtype="int32")[:, None] + memory_length
     key_pos = ops.arange(memory_length + query_length, dtype="int32")[None, :]
@@ -32,5 +34,7 @@ def causal_attention_mask(query_length, memory_length, memory_valid=None, max_di
         allowed = ops.logical_and(allowed, distance <= max_distance)
     if memory_valid is not None:
         first_valid = memory_length - ops.cast(memory_valid, "int32")
+        if len(first_valid.shape) == 1:  # one count per row
+            first_valid = first_valid[:, None, None]
         allowed = ops.logical_and(allowed, key_pos >= first_valid)
     return allowed

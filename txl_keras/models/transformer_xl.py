@@ -68,8 +68,9 @@ class TransformerXL(keras.Model):
         mem_len, clamp_len, same_length: optional overrides of the config for this call
             (evaluation uses longer memory than training). Not in stateful mode for
             `mem_len`.
-        memory_valid: optional int32 scalar: only the last `memory_valid` slots of
-            `mems` hold real positions (fixed-shape memory, as trainers keep it).
+        memory_valid: optional int32 scalar or `(batch_size,)` (one count per row): only
+            the last `memory_valid` slots of `mems` hold real positions (fixed-shape memory,
+            as trainers keep it).
 
     Returns:
         dict with `"hidden"` `(batch_size, T, d_model)`, `"mems"`, the list of `n_layer`
@@ -492,9 +493,10 @@ def _check_valid(name, valid, length):
     if valid is None or not isinstance(length, int) or not (isinstance(valid, (int, np.integer)) or _is_concrete(valid)):
         return
     value = np.asarray(ops.convert_to_numpy(valid))
-    if value.shape != () or not 0 <= int(value) <= length:
-        raise ValueError(f"Expected `{name}` to be an integer in [0, {length}] (the memory's slots). "
-                         f"Received: {name}={value.tolist()}")
+    if value.ndim > 1 or not np.issubdtype(value.dtype, np.integer) or value.min(initial=0) < 0 \
+            or value.max(initial=0) > length:
+        raise ValueError(f"Expected `{name}` to be an integer in [0, {length}] (the memory's slots), or one per "
+                         f"row. Received: {name}={value.tolist()}")
 
 
 def _is_concrete(x):

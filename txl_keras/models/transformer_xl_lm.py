@@ -47,7 +47,7 @@ class TransformerXLLM(keras.Model):
         training: bool.
         return_log_probs: bool.
         mem_len, clamp_len, same_length: optional per-call overrides (evaluation).
-        memory_valid: optional int32 scalar, see `TransformerXL`.
+        memory_valid: optional int32 scalar or `(batch_size,)`, see `TransformerXL`.
 
     Example:
     >>> model = TransformerXLLM(TransformerXLConfig.from_preset("tiny"))

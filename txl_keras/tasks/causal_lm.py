@@ -153,6 +153,13 @@ class TransformerXLCausalLM(keras.Model):
             write_json(staging, preset_resolver.METADATA, metadata)
         return preset_dir
 
+    def export(self, filepath, mem_len=None, clamp_len=None, same_length=None):
+        """Write a SavedModel with the tokenizer's text functions and the in-graph
+        `generate` (`serving_default`): see `txl_keras.export.export_saved_model`."""
+        from txl_keras.export import export_saved_model
+
+        return export_saved_model(self.model, filepath, self.tokenizer.vocabulary, mem_len, clamp_len, same_length)
+
     # -- training --------------------------------------------------------------------------
 
     def call(self, inputs, training=False):
