@@ -1,7 +1,7 @@
 """The import rules of the package, read from the source (module level and inside
-functions): kernels <- layers <- models <- tokenizers <- run_folder <- {export, generate,
-convert} <- presets <- tasks <- {training, command lines}, and tf_records a data package that
-knows nothing of the model."""
+functions): kernels <- layers <- models <- {tokenizers, samplers} <- run_folder <- {generate,
+convert} <- export <- presets <- tasks <- {training, command lines}, and tf_records a data
+package that knows nothing of the model."""
 
 import ast
 import json
@@ -28,9 +28,11 @@ FORBIDDEN = {
                              "txl_keras.convert", "txl_keras.run_folder"] + _TASK_AND_PRESETS,
     "txl_keras.run_folder": ["txl_keras.training", "txl_keras.export", "txl_keras.generate",
                              "txl_keras.convert"] + _TASK_AND_PRESETS,
-    "txl_keras.export": ["txl_keras.training", "txl_keras.generate", "txl_keras.convert"] + _TASK_AND_PRESETS,
+    "txl_keras.export": ["txl_keras.training", "txl_keras.convert"] + _TASK_AND_PRESETS,
     "txl_keras.generate": ["txl_keras.training", "txl_keras.export", "txl_keras.convert"] + _TASK_AND_PRESETS,
     "txl_keras.convert": ["txl_keras.training", "txl_keras.export", "txl_keras.generate"] + _TASK_AND_PRESETS,
+    "txl_keras.samplers": ["txl_keras.models", "txl_keras.run_folder", "txl_keras.training", "txl_keras.export",
+                           "txl_keras.generate", "txl_keras.convert", "tf_records"] + _TASK_AND_PRESETS,
     "txl_keras.presets": ["txl_keras.training", "txl_keras.export", "txl_keras.generate", "txl_keras.tasks"],
     "txl_keras.tasks": ["txl_keras.training", "txl_keras.convert"],
 }

@@ -2,20 +2,24 @@
 
     python -m txl_keras.export --model_dir=runs/quickstart --output=exported/quickstart
 
-Signatures (`B` streams, `T` tokens; every memory is `(B, mem_len, d_model)` float32 and
-`memory_valid` counts its real slots, the newest; the rest are masked):
-- `initial_memory(batch_size)` -> `mem_0 ... mem_{L-1}`, `memory_valid` `(B,)`: an empty memory.
-  `memory_valid` counts each row's real slots, so the rows of a batch may be at different
-  places in their streams.
+Signatures (`B` streams, `T` tokens; every layer's memory `mem_i` is float32 `(2 * n_head, B,
+mem_len, d_head)`, the keys then the values of its rows in time order, heads first, as
+generation and evaluation keep it (`InferenceCache`; absolute-position models: the hidden
+states, `(1, B, mem_len, d_model)`), and `memory_valid` `(B,)` counts each row's real slots,
+the newest; the rest are masked):
+- `initial_memory(batch_size)` -> `mem_0 ... mem_{L-1}`, `memory_valid` `(B,)`: an empty
+  memory. With a count per row, the rows of a batch may be at different places in their
+  streams.
 - `next_log_probs(tokens (B, T) int32, memory_valid, mem_0 ...)` -> `log_probs` `(B, n_token)`
   float32, the next token's log-probabilities after the last position only, and
   `new_mem_0 ...`, `new_memory_valid`: the memory after the segment.
 - `score(tokens (B, T), targets (B, T), memory_valid, mem_0 ...)` -> `nll` `(B, T)` float32
   (nats), `new_mem_0 ...`, `new_memory_valid`.
-- With a vocabulary: `encode(text)` -> `ids` `(N,)` int32 (`TransformerXLTokenizer.tokenize_prompt`:
-  an unfinished last line gets no closing `<eos>`), `decode(ids (N,))` -> `text`
-  (`TransformerXLTokenizer.detokenize`: at word level each `<eos>` a line break), and `vocabulary()` -> `symbols` `(n_token,)` string and
-  `settings`, a JSON string of its tokenisation rules; it is also the file
+- With a vocabulary: `encode(text)` -> `ids` `(N,)` int32
+  (`TransformerXLTokenizer.tokenize_prompt`: an unfinished last line gets no closing
+  `<eos>`), `decode(ids (N,))` -> `text` (`TransformerXLTokenizer.detokenize`: at word
+  level each `<eos>` a line break), and `vocabulary()` -> `symbols` `(n_token,)` string
+  and `settings`, a JSON string of its tokenisation rules; it is also the file
   `assets/vocab.json` (`tf_records.vocabulary.Vocabulary`'s format).
 - `generate(prompts (N,) string, max_new_tokens, temperature, top_k, seed)` -> `texts` `(N,)`:
   the whole generation in the graph, each prompt as `TransformerXLCausalLM.generate`
@@ -36,6 +40,7 @@ import tensorflow as tf
 from tf_records import files
 from txl_keras import generate as generation
 from txl_keras import samplers
+from txl_keras.layers.inference_cache import InferenceCache
 from txl_keras.tokenizers import TransformerXLTokenizer
 
 EXPORT_INFO = "txl_config.json"
@@ -84,10 +89,14 @@ def _checked(ids, name, n_token):
 
 
 def _signatures(model, serving):
-    """`{name: (function, input_signature)}` of the memory endpoints."""
+    """`{name: (function, input_signature)}` of the memory endpoints. The memory crosses
+    the interface as the `InferenceCache` generation and evaluation keep (the keys and
+    values of the memory, projected once, in time order): a call projects only its own
+    segment."""
     mem_len, n_token = serving.mem_len, serving.n_token
     overrides = dict(mem_len=mem_len, clamp_len=serving.clamp_len, same_length=serving.same_length)
-    mem_specs = [tf.TensorSpec([None, mem_len, serving.d_model], tf.float32, name=f"mem_{i}")
+    groups, width = model.backbone.cache_layout
+    mem_specs = [tf.TensorSpec([groups, None, mem_len, width], tf.float32, name=f"mem_{i}")
                  for i in range(serving.n_layer)]
     valid_spec = tf.TensorSpec([None], tf.int32, name="memory_valid")  # one count per row
     tokens_spec = tf.TensorSpec([None, None], tf.int32, name="tokens")
@@ -98,17 +107,20 @@ def _signatures(model, serving):
         with tf.control_dependencies([tf.debugging.assert_non_negative(memory_valid, message=message),
                                       tf.debugging.assert_less_equal(memory_valid, mem_len, message=message)]):
             memory_valid = tf.identity(memory_valid)
-        mems = [tf.cast(m, model.compute_dtype) for m in mems]
-        out = model(_checked(tokens, "tokens", n_token), training=False, mems=mems, memory_valid=memory_valid,
-                    targets=None if targets is None else _checked(targets, "targets", n_token), **overrides)
-        result = {f"new_mem_{i}": tf.cast(m, tf.float32) for i, m in enumerate(out["mems"])}
-        result["new_memory_valid"] = tf.cast(out["memory_valid"], tf.int32)
+        cache = InferenceCache(tuple(tf.cast(m, model.compute_dtype) for m in mems), tf.zeros((), tf.int32),
+                               memory_valid)
+        out, cache = model.call_with_cache(
+            _checked(tokens, "tokens", n_token), cache,
+            targets=None if targets is None else _checked(targets, "targets", n_token), **overrides)
+        cache = cache._replace(rings=tuple(tf.ensure_shape(r, [groups, None, mem_len, width]) for r in cache.rings))
+        result = {f"new_mem_{i}": tf.cast(cache.rows(i, mem_len), tf.float32) for i in range(serving.n_layer)}
+        result["new_memory_valid"] = tf.cast(cache.valid, tf.int32)
         return out, result
 
     def initial_memory(batch_size):
-        zeros = tf.zeros([batch_size, mem_len, serving.d_model], tf.float32)
-        result = {f"mem_{i}": zeros for i in range(serving.n_layer)}
-        result["memory_valid"] = tf.fill([batch_size], mem_len if serving.mem_init == "zeros" else 0)
+        cache = model.init_cache(batch_size, mem_len, serving.clamp_len, segment_length=1)
+        result = {f"mem_{i}": tf.cast(ring, tf.float32) for i, ring in enumerate(cache.rings)}
+        result["memory_valid"] = tf.fill([batch_size], cache.valid)
         return result
 
     def next_log_probs(tokens, memory_valid, *mem):  # (*mem: the arguments are named mem_0, mem_1, ...)

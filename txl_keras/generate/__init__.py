@@ -188,7 +188,7 @@ def prompt_cache(model, prompts, settings):
 
 def _compiled_feed(model, settings):
     compile_model, model = model, weakref.proxy(model)
-    memory = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
+    memory = step_memory(settings)
 
     def feed(tokens, cache):
         return model.call_with_cache(tokens, cache, **memory)[1]
@@ -211,23 +211,30 @@ def _generate_group(model, settings, sampler, prompts, limits, seeds, stops):
 
 
 def step_memory(settings):
+    """The memory settings of `call_with_cache`, from a config with the call's settings."""
     return dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
+
+
+def next_token(model, settings, sampler, last, cache, seeds, step):
+    """One step of every row: `(the next tokens int32 (B,), the cache)` after `last` (B,),
+    drawn with the keys `(seeds[r], step)`."""
+    out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **step_memory(settings))
+    keys = ops.stack([seeds, ops.full(ops.shape(seeds), step, "int32")], axis=1)
+    return ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"), cache
 
 
 def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds):
     """The token loop: `steps` one-token steps from the prompts' last tokens `last` (B,)
     against `cache`; row r stops at one of `stops` or after `limits[r]` tokens; its draws
     are keyed `(seeds[r], its token count)`. Returns int32 `(B, steps)`."""
-    memory = step_memory(settings)
     stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
 
     def cond(i, last, done, produced, cache):
         return ops.logical_and(i < steps, ops.logical_not(ops.all(done)))
 
     def body(i, last, done, produced, cache):
-        out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
-        keys = ops.stack([seeds, ops.full(ops.shape(seeds), i, "int32")], axis=1)
-        token = ops.where(done, last, ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"))
+        token, cache = next_token(model, settings, sampler, last, cache, seeds, i)
+        token = ops.where(done, last, token)
         produced = ops.slice_update(produced, (0, i), token[:, None])
         stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
         done = ops.logical_or(done, ops.logical_or(stopped, i + 1 >= limits))
@@ -326,12 +333,9 @@ def stream(model, prompt, max_new_tokens, sampler, stops=(), settings=None, seed
 
 def _compiled_stream_step(model, settings, sampler):
     compile_model, model = model, weakref.proxy(model)
-    memory = step_memory(settings)
 
     def step(last, cache, seeds, i):
-        out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
-        keys = ops.stack([seeds, ops.full(ops.shape(seeds), i, "int32")], axis=1)
-        return ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"), cache
+        return next_token(model, settings, sampler, last, cache, seeds, i)
 
     return compile_for_backend(compile_model, step)
 
@@ -365,7 +369,7 @@ def score(model, ids, mem_len=None, clamp_len=None, same_length=None, segment_le
 def _compiled_scorer(model, settings):
     """`step(tokens, targets, cache) -> (nll, cache)`, compiled for the backend."""
     compile_model, model = model, weakref.proxy(model)
-    memory = dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
+    memory = step_memory(settings)
 
     def step(tokens, targets, cache):
         out, cache = model.call_with_cache(tokens, cache, targets=targets, **memory)

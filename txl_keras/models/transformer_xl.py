@@ -331,7 +331,8 @@ class TransformerXL(keras.Model):
         rings = []
         for row in self.memory_rows([zero] * settings.n_layer):  # a zero row's keys and values, for every slot
             row = head_major(row if zero_init else ops.zeros_like(row), groups)  # (G, batch_size, 1, W)
-            rings.append(ops.broadcast_to(row, tuple(row.shape[:2]) + (settings.mem_len, row.shape[3])))
+            shape = ops.shape(row)  # (the batch may be a tensor: a SavedModel's initial memory)
+            rings.append(ops.broadcast_to(row, (shape[0], shape[1], settings.mem_len, shape[3])))
         position_keys = ()
         if settings.attn_type == 0:
             position_keys = tuple(self.project_positions(settings.mem_len + (segment_length or settings.tgt_len),
