@@ -65,6 +65,23 @@ def test_a_cache_appends_rows_as_the_memory_shifts(fast):
             np.testing.assert_array_equal(to_np(cache.rows(0, 5)), want)
 
 
+def test_caches_of_streams_at_different_places_join_per_row():
+    """`per_row` puts each ring in time order with one count per stream, so two caches at
+    different offsets, joined on the batch axis, read each stream's own rows."""
+    rng = np.random.default_rng(4)
+    caches, want = [], []
+    for offset, valid, batch in ((3, 2, 2), (0, 5, 1)):
+        ring = rng.normal(size=(4, batch, 5, 2)).astype("float32")
+        cache = InferenceCache((ops.convert_to_tensor(ring),), ops.convert_to_tensor(offset, "int32"),
+                               ops.convert_to_tensor(valid, "int32")).per_row()
+        caches.append(cache)
+        want.append((np.concatenate([ring[:, :, offset:], ring[:, :, :offset]], axis=2), [valid] * batch))
+    joined = np.concatenate([to_np(c.rings[0]) for c in caches], axis=1)
+    np.testing.assert_array_equal(joined, np.concatenate([w for w, _ in want], axis=1))
+    assert [int(c.offset) for c in caches] == [0, 0]
+    assert sum((to_np(c.valid).tolist() for c in caches), []) == [2, 2, 5]
+
+
 def head_of(kv, groups):
     """Reference head-major layout by loops: `[j, b, t, d] = kv[b, t, j * W + d]`."""
     batch, length, width = kv.shape

@@ -6,9 +6,11 @@ the position keys are projected once per call). The token loop is one
 `keras.ops.while_loop`, compiled per backend (a `tf.function` on TensorFlow, `jax.jit` on
 JAX, eager on PyTorch) once per model and generation settings.
 
-A batch of prompts runs as one batch per prompt length, so that every row is exactly
-what its prompt gives alone: Transformer-XL's context depends on how the text was cut
-into segments, and prompts of one length are cut alike. Samplers: `txl_keras.samplers`.
+A batch of prompts of any lengths gives every row exactly what its prompt gives alone.
+Transformer-XL's context depends on how the text was cut into segments, so the prompts'
+contexts go through the memory one length at a time (prompts of one length are cut
+alike); the caches then join, each row counting its own real memory slots, and the
+token loop runs once for the whole batch. Samplers: `txl_keras.samplers`.
 
     python -m txl_keras.generate --model_dir=runs/quickstart --prompt="def main(" \
         --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
@@ -129,12 +131,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
         for r, ids in enumerate(rows):
             new[r] = beam_search(model, ids, int(limits[r]), sampler, stops, settings)
     else:
-        for length in sorted({len(ids) for ids in rows}):
-            group = [r for r, ids in enumerate(rows) if len(ids) == length]
-            out = _generate_group(model, settings, sampler, np.stack([rows[r] for r in group]), limits[group],
-                                  seeds[group], stops)
-            for r, tokens in zip(group, out):
-                new[r] = _until_stop(tokens[: limits[r]], stops)
+        out = _generate_rows(model, settings, sampler, rows, limits, seeds, stops)
+        new = [_until_stop(tokens[: limits[r]], stops) for r, tokens in enumerate(out)]
     if ragged:
         return [np.concatenate([ids, n]).astype("int32") for ids, n in zip(rows, new)]
     width = int(limits.max())
@@ -196,18 +194,29 @@ def _compiled_feed(model, settings):
     return compile_for_backend(compile_model, feed)
 
 
-def _generate_group(model, settings, sampler, prompts, limits, seeds, stops):
-    """New tokens int32 `(batch, max(limits))` of prompts of one length (a stopped or
-    finished row repeats its last token)."""
+def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
+    """New tokens int32 `(batch, max(limits))` of prompts `rows` (1-D ids of any lengths;
+    a stopped or finished row repeats its last token): the contexts of each length go
+    through the memory together, then every row takes its steps in one batch."""
     steps = int(limits.max())
     if steps == 0:
-        return np.zeros((len(prompts), 0), "int32")
+        return np.zeros((len(rows), 0), "int32")
     key = ("decode", settings.to_json(), _sampler_key(sampler), steps, stops)
     decode = _compiled(model, key, lambda: _compiled_decode(model, settings, sampler, steps, stops))
-    cache = prompt_cache(model, prompts, settings)
-    new = decode(ops.convert_to_tensor(prompts[:, -1]), cache, ops.convert_to_tensor(limits),
-                 ops.convert_to_tensor(seeds))
-    return ops.convert_to_numpy(new).astype("int32")
+    order, caches = [], []
+    for length in sorted({len(ids) for ids in rows}):
+        group = [r for r, ids in enumerate(rows) if len(ids) == length]
+        order += group
+        caches.append(prompt_cache(model, np.stack([rows[r] for r in group]), settings).per_row())
+    cache = caches[0] if len(caches) == 1 else caches[0]._replace(
+        rings=tuple(ops.concatenate(rings, axis=1) for rings in zip(*(c.rings for c in caches))),
+        valid=ops.concatenate([c.valid for c in caches]))
+    last = np.asarray([rows[r][-1] for r in order], "int32")
+    new = decode(ops.convert_to_tensor(last), cache, ops.convert_to_tensor(limits[order]),
+                 ops.convert_to_tensor(seeds[order]))
+    out = np.empty((len(rows), steps), "int32")
+    out[order] = ops.convert_to_numpy(new)
+    return out
 
 
 def step_memory(settings):

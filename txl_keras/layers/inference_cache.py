@@ -44,7 +44,8 @@ class InferenceCache(NamedTuple):
         rings: one per layer, `(G, batch_size, capacity, W)`: `(2 * n_head, ..., d_head)`
             keys then values, or `(1, ..., d_model)` hidden states.
         offset: int32 scalar, the slot of the oldest row.
-        valid: int32 scalar, how many of the newest rows hold real positions.
+        valid: int32 scalar, how many of the newest rows hold real positions, or one
+            count per stream `(batch_size,)` (`per_row`).
         position_keys: one per layer `(n_head, d_head, P)`, the projected encoding of
             distances `P - 1, ..., 0` (attn_type 0, projected once), or `()`.
 
@@ -64,6 +65,15 @@ class InferenceCache(NamedTuple):
     def rows(self, layer, length):
         """Layer `layer`'s last `length` rows in time order, `(G, batch_size, length, W)`."""
         return ring_rows(self.rings[layer], self.offset, length)
+
+    def per_row(self):
+        """The same memory with its rings in time order (offset 0) and a count of real rows
+        per stream, `valid` `(batch_size,)`: caches of streams at different places in their
+        text then join on the batch axis (the attention masks each row's empty slots)."""
+        batch_size = ops.shape(self.rings[0])[1]
+        rings = tuple(ring_rows(ring, self.offset, ring.shape[2]) if ring.shape[2] else ring for ring in self.rings)
+        return self._replace(rings=rings, offset=ops.zeros((), "int32"),
+                             valid=ops.broadcast_to(ops.cast(self.valid, "int32"), (batch_size,)))
 
     def append(self, rows, valid):
         """The cache with `rows` (one per layer, `(batch_size, T, G * W)`) as its newest

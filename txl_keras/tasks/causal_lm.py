@@ -276,9 +276,11 @@ class TransformerXLCausalLM(keras.Model):
         """Continue prompts: a string gives a string, a list of strings a list, in order.
 
         Each prompt gives exactly what it gives alone (greedy: the same text; sampled: the
-        same text for the same seed), whatever else shares the batch; prompts of one
-        length run as one batch (Transformer-XL's context depends on how a text is cut
-        into segments, and prompts of one length are cut alike).
+        same text for the same seed), whatever else shares the batch. Unlike a causal LM
+        without memory, a prompt's context depends on how it is cut into segments: the
+        prompts' contexts go through the memory one length at a time (prompts of one
+        length are cut alike), then all rows generate as one batch, each with its own
+        count of real memory slots.
 
         Args:
             inputs: a string or a list of strings.
