@@ -12,8 +12,9 @@ its `mems`, as its `generate` does. Per-token time is the difference between pro
 cancel out), the best of two calls each; ours also prints the fixed cost of a call.
 `--baseline=DIR` adds the txl_keras checkout in DIR (another commit) as a side.
 
-Ours also runs, each in its own process, the same model on: a batch of 8 prompts of the
-same length (`batch8`: tokens/s of the batch against one prompt at a time), beam search
+Ours also runs, each in its own process, the same model on: a batch of 8 prompts of
+different lengths, 72 to 128 tokens (`batch8`: tokens/s of the batch against one prompt at
+a time), beam search
 with 4 beams (`beam4`: time per new token against greedy), and the SavedModel's in-graph
 `generate` signature on a prompt of 128 words of a stand-in vocabulary (`in_graph`: time
 per new token against `TransformerXLCausalLM.generate` on the same text).
@@ -63,7 +64,7 @@ def txl_worker(c, e):
     if mode == "in_graph":
         return in_graph_worker(model, c, e)
     if mode == "batch8":
-        prompt = np.stack([random_ids(e["prompt"] + 1, c["n_token"], seed=s, zipf=True) for s in range(8)])
+        prompt = [random_ids(e["prompt"] + 1 - 8 * s, c["n_token"], seed=s, zipf=True) for s in range(8)]
     sampler = BeamSampler(4, 0.0) if mode == "beam4" else None
     step, fixed = per_token(lambda n: generate(model, prompt, n, temperature=0, sampler=sampler),
                             e["short"], e["long"])
