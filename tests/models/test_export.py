@@ -179,8 +179,9 @@ def test_the_saved_models_generate_is_the_tasks_generate_without_txl_keras(tmp_p
 
     vocab = Vocabulary(["<eos>", "<unk>", "alpha", "beta", "gamma", "delta", "kappa"], add_eos=True,
                        unk_symbol="<unk>")
+    # clamp_len below the keys of a segment (memory and segment): the released models' setting
     model = TransformerXLLM(TransformerXLConfig.from_preset("tiny", n_token=len(vocab), cutoffs=[], tgt_len=4,
-                                                            mem_len=6, same_length=False))
+                                                            mem_len=6, clamp_len=3, same_length=False))
     lm = TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab), 4))
     export_saved_model(model, str(tmp_path / "exported"), vocab)
     prompts = ["alpha beta gamma delta kappa alpha beta", "gamma", "delta kappa\nalpha"]

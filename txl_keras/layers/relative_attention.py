@@ -307,6 +307,12 @@ class RelativeAttention(keras.layers.Layer):
             what, unit = ("position keys", "columns") if stored is not None else ("`position_encoding`", "rows")
             raise ValueError(f"Expected {what} to have at least {count} {unit} for {key_length} keys; "
                              f"received {available}.")
+        if stored is not None and clamped and not isinstance(count, int):
+            # a length known only when the graph runs: one column per key, every distance
+            # from clamp_len on taking the stored keys' first column (`position_scores` then
+            # scores all of them)
+            columns = ops.maximum(ops.arange(key_length) + (available - key_length), 0)
+            return ops.cast(ops.take(stored, columns, axis=-1), self.compute_dtype), None
         if stored is not None:
             return ops.cast(stored[..., available - count:], self.compute_dtype), None
         rows = encoding[available - count:]
