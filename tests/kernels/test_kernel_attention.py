@@ -126,3 +126,36 @@ def test_relative_attention_equals_the_layers_plain_attention(training, clamped)
     np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
     for got, want in zip(weighted_gradients(run, args, cotangent) if training else [], plain_grads):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("offset,capacity,length", [(0, 7, 1), (3, 7, 1), (5, 9, 3)])
+def test_attention_to_a_ring_in_place_equals_the_paper_on_the_memory_in_time_order(offset, capacity, length):
+    """`ring_relative_attention` against numpy: the ring's last M rows put in time order and
+    joined to the segment, every score `(q + u) k_j + (q + v) W_R R_{M+i-j}` (a clamped
+    encoding), rows with their own count of real memory slots, softmax, values."""
+    heads, batch, dim, memory, clamp = 2, 3, 4, 6, 4
+    q, ring_k, ring_v, seg_k, seg_v = tensors((heads, batch, length, dim), (heads, batch, capacity, dim),
+                                              (heads, batch, capacity, dim), (heads, batch, length, dim),
+                                              (heads, batch, length, dim))
+    u, v = tensors((heads, dim), (heads, dim))
+    position_keys, = tensors((heads, dim, clamp + 1))  # distances clamp, ..., 0
+    valid = np.array([6, 2, 0], "int32")
+    mask = to_np(causal_attention_mask(length, memory, ops.convert_to_tensor(valid)))  # (B, T, M + T)
+    got = to_np(kernels.ring_relative_attention(q, ring_k, ring_v, ops.convert_to_tensor(offset, "int32"), memory,
+                                                seg_k, seg_v, position_keys, u, v, mask=mask))
+    in_time = lambda ring: np.roll(ring, -offset, axis=2)[:, :, capacity - memory:]  # noqa: E731
+    keys = np.concatenate([in_time(ring_k), seg_k], axis=2).astype("float64")
+    values = np.concatenate([in_time(ring_v), seg_v], axis=2).astype("float64")
+    want = np.zeros((heads, batch, length, dim))
+    for h in range(heads):
+        for b in range(batch):
+            for i in range(length):
+                scores = np.full(memory + length, -np.inf)
+                for j in range(memory + length):
+                    if mask[b, i, j]:
+                        column = clamp - min(memory + i - j, clamp)
+                        scores[j] = ((q[h, b, i] + u[h]) @ keys[h, b, j]
+                                     + (q[h, b, i] + v[h]) @ position_keys[h, :, column]) / dim**0.5
+                weights = np.exp(scores - scores.max())
+                want[h, b, i] = weights @ values[h, b] / weights.sum()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

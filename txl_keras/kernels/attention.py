@@ -188,3 +188,40 @@ def relative_attention(queries, keys, values, position_keys=None, content_bias=N
         return softmax_values(scores, values)
     probs = ops.cast(ops.softmax(scores, axis=-1), dtype)
     return ops.matmul(probs_dropout(probs), values)
+
+
+# -- attention to a ring buffer in place ------------------------------------------------------
+
+
+def ring_relative_attention(queries, ring_keys, ring_values, offset, memory_length, keys, values,
+                            position_keys=None, content_bias=None, position_bias=None, score_bias=None, mask=None):
+    """`relative_attention` outside training with the memory's keys and values left in their
+    ring `(h, B, capacity, Dh)` (the oldest row at slot `offset`), where the reference joins
+    the ring's last `memory_length` rows in time order to the segment's `keys` and `values`
+    `(h, B, T, Dh)` (a copy of the whole memory). Here the scores `(h, B, T, capacity)` are
+    put in time order and the weights back in slot order: cheaper than moving the memory
+    when `T < Dh` (a generation step); the same result up to the order of the sum over
+    the memory."""
+    dtype = keras.backend.standardize_dtype(queries.dtype)
+    capacity = ops.shape(ring_keys)[2]
+    scale = ops.cast(1.0 / ops.shape(queries)[-1] ** 0.5, dtype)
+    q = queries * scale
+    content_q = q if content_bias is None else q + scale * ops.cast(content_bias, dtype)[:, None, None]
+    in_slots = query_key_scores_reference(content_q, ops.cast(ring_keys, dtype))
+    in_time = ops.roll(in_slots, -offset, axis=-1)[..., capacity - memory_length:]
+    scores = ops.concatenate([in_time, query_key_scores_reference(content_q, keys)], axis=-1)
+    if position_keys is not None:
+        position_q = q if position_bias is None else q + scale * ops.cast(position_bias, dtype)[:, None, None]
+        bias = None if score_bias is None else scale * ops.cast(score_bias, dtype)
+        scores = scores + position_scores(position_q, position_keys, memory_length + ops.shape(keys)[2], bias)
+    scores = ops.cast(scores, "float32")
+    if mask is not None:
+        scores = scores + ops.where(mask, 0.0, MASK_VALUE)
+    weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+    memory_weights = ops.cast(weights[..., :memory_length], ring_values.dtype)
+    older = capacity - memory_length  # slots outside the memory: no weight
+    if older:
+        memory_weights = ops.pad(memory_weights, [[0, 0], [0, 0], [0, 0], [older, 0]])
+    attended = ops.matmul(ops.roll(memory_weights, offset, axis=-1), ops.cast(ring_values, dtype)) \
+        + ops.matmul(ops.cast(weights[..., memory_length:], dtype), values)
+    return attended / ops.cast(ops.sum(weights, axis=-1, keepdims=True), attended.dtype)

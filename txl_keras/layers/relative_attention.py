@@ -195,7 +195,9 @@ class RelativeAttention(keras.layers.Layer):
         `cache.position_keys[layer]` `(H, Dh, P')` (if any) replaces `position_encoding`
         (only its last `P` columns are used). Outside training the heads go in groups
         whose scores take at most `SCORE_BYTES`, one after another: the same values in a
-        fraction of the memory; each group joins its heads of the memory to the segment's.
+        fraction of the memory; each group joins its heads of the memory to the segment's,
+        or, for segments shorter than `Dh` (a generation step), attends to the ring where
+        it lies (`kernels.ring_relative_attention`: no copy of the memory).
 
         Returns:
             `(output (batch_size, T, hidden_dim), the segment's keys and values
@@ -213,11 +215,22 @@ class RelativeAttention(keras.layers.Layer):
         parts = {name: ops.cast(x, self.compute_dtype) for name, x in parts.items() if x is not None}
         ring = cache.rings[layer]
 
+        length = inputs.shape[1]
+        in_place = kernels.fast_kernels_enabled() and memory_length > 0 and isinstance(length, int) \
+            and length < self.head_dim
+
         def attend(part):
-            keys = self._joined(ring, cache.offset, memory_length, part["first"], part["keys"])
-            values = self._joined(ring, cache.offset, memory_length, part["first"] + self.num_heads, part["values"])
             positions = {name: part.get(name) for name in ("position_keys", "content_bias", "position_bias",
                                                            "score_bias")}
+            if in_place:  # the ring read where it lies (kernels.ring_relative_attention)
+                count = (ops.shape(part["queries"])[0],) + tuple(ops.shape(ring)[1:])
+                ring_keys = ops.slice(ring, [part["first"], 0, 0, 0], count)
+                ring_values = ops.slice(ring, [part["first"] + self.num_heads, 0, 0, 0], count)
+                return kernels.ring_relative_attention(part["queries"], ring_keys, ring_values, cache.offset,
+                                                       memory_length, part["keys"], part["values"],
+                                                       mask=attention_mask, **positions)
+            keys = self._joined(ring, cache.offset, memory_length, part["first"], part["keys"])
+            values = self._joined(ring, cache.offset, memory_length, part["first"] + self.num_heads, part["values"])
             return self.attention(part["queries"], keys, values, attention_mask=attention_mask, **positions)
 
         group = _head_group(self.num_heads, ops.shape(inputs)[0], ops.shape(inputs)[1], key_length)
