@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from programs import in_process
 
 from tf_records import startup
 
@@ -100,7 +101,7 @@ def test_help_groups_the_flags_and_shows_what_a_bare_command_uses(script):
     from tf_records import program
     from txl_keras.training import TrainConfig
 
-    result = _run([script, "--help"])
+    result = in_process([sys.executable, os.path.join(ROOT, script), "--help"])
     assert result.returncode == 0 and result.stderr == "", result.stderr
     defaults, groups = _help_defaults(result.stdout)
     assert list(groups) == [g for g in program.GROUPS if g in groups] and len(groups) >= 7
@@ -109,7 +110,7 @@ def test_help_groups_the_flags_and_shows_what_a_bare_command_uses(script):
     fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "records_dir"]
     assert set(fields) | {"config", "data_dir", "n_layer", "tgt_len", "num_core_per_host"} <= set(listed)
     assert ("tpu" in groups["distribution"]) == (script == "train_tpu.py")
-    bare = json.loads(_run(["-c", BARE]).stdout.strip().splitlines()[-1])
+    bare = json.loads(in_process([sys.executable, "-c", BARE]).stdout.strip().splitlines()[-1])
     assert bare["train_steps"] == 1200 and bare["model_dir"] == "runs/quickstart"  # the quickstart preset
     for name in fields:
         shown, used = defaults[name], bare[name]

@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 from helpers import ROOT, build, env, run, train_command
+from programs import in_process
 
 from txl_keras import run_folder as checkpoints
 
@@ -24,7 +25,7 @@ def final_weights(model_dir):
 
 
 def test_unknown_flags_and_missing_tpu_are_reported_clearly(tmp_path):
-    bad = run([sys.executable, os.path.join(ROOT, "train_gpu.py"), "--num_host=2"], timeout=60)
+    bad = in_process([sys.executable, os.path.join(ROOT, "train_gpu.py"), "--num_host=2"])
     assert bad.returncode != 0 and "Unknown command line flag 'num_host'" in bad.stderr
     tpu = run([sys.executable, os.path.join(ROOT, "train_tpu.py")], timeout=60)
     assert tpu.returncode != 0 and "No TPU given: pass --tpu=NAME" in tpu.stderr

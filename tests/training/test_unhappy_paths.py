@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 from helpers import build, env, run, snapshot, train_command, write_corpus
+from programs import in_process
 
 from tf_records.vocabulary import Vocabulary
 from txl_keras import TransformerXLConfig, run_folder
@@ -151,18 +152,37 @@ def command(case, root):
     return parts
 
 
-@pytest.mark.slow
-def test_every_bad_input_is_one_clear_line_and_changes_nothing(world):
-    root = str(world)
-    before = snapshot(root)
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda case: run(command(case[1], root), timeout=120), CASES))
+def _failures(cases, results):
     failures = []
-    for (name, _, code, fragment), result in zip(CASES, results):
+    for (name, _, code, fragment), result in zip(cases, results):
         lines = error_line(result)
         if result.returncode != code or "Traceback" in result.stderr or len(lines) != 1 or fragment not in lines[0]:
             failures.append(f"{name}: exit {result.returncode} (expected {code}), stderr: {result.stderr[-600:]}")
-    assert not failures, "\n".join(failures)
+    return failures
+
+
+def test_every_bad_input_is_one_clear_line_and_changes_nothing(world):
+    """Every case through the program's own entry point, in this process."""
+    root = str(world)
+    before = snapshot(root)
+    results = [in_process(command(case[1], root)) for case in CASES]
+    assert not _failures(CASES, results), "\n".join(_failures(CASES, results))
+    assert snapshot(root) == before
+
+
+def program_of(case):
+    return "train_gpu.py" if case[1][0] == TRAIN else case[1][2] if case[1][1] == "-m" else case[1][1]
+
+
+def test_every_program_reports_bad_input_the_same_in_a_process_of_its_own(world):
+    """One case of each program as a user runs it: a Python process of its own."""
+    root = str(world)
+    before = snapshot(root)
+    firsts = list({program_of(case): case for case in reversed(CASES)}.values())
+    assert len(firsts) == 6, [program_of(c) for c in firsts]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda case: run(command(case[1], root), timeout=120), firsts))
+    assert not _failures(firsts, results), "\n".join(_failures(firsts, results))
     assert snapshot(root) == before
 
 
