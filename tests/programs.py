@@ -9,6 +9,7 @@ import runpy
 import subprocess
 import sys
 import traceback
+import warnings
 
 import keras
 from absl import flags
@@ -37,7 +38,9 @@ def in_process(command, cwd=None):
         sys.argv = [target] + list(arguments)
         if cwd:
             os.chdir(cwd)
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), warnings.catch_warnings():
+            # (runpy's note that the package imported the module before: this process did)
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
             try:
                 run()
             except SystemExit as e:
