@@ -200,8 +200,8 @@ def ring_relative_attention(queries, ring_keys, ring_values, offset, memory_leng
     the ring's last `memory_length` rows in time order to the segment's `keys` and `values`
     `(h, B, T, Dh)` (a copy of the whole memory). Here the scores `(h, B, T, capacity)` are
     put in time order and the weights back in slot order: cheaper than moving the memory
-    when `T < Dh` (a generation step); the same result up to the order of the sum over
-    the memory."""
+    for one query per row (a generation step); the same result up to the order of the sum
+    over the memory."""
     dtype = keras.backend.standardize_dtype(queries.dtype)
     capacity = ops.shape(ring_keys)[2]
     scale = ops.cast(1.0 / ops.shape(queries)[-1] ** 0.5, dtype)

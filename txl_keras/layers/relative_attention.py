@@ -196,8 +196,9 @@ class RelativeAttention(keras.layers.Layer):
         (only its last `P` columns are used). Outside training the heads go in groups
         whose scores take at most `SCORE_BYTES`, one after another: the same values in a
         fraction of the memory; each group joins its heads of the memory to the segment's,
-        or, for segments shorter than `Dh` (a generation step), attends to the ring where
-        it lies (`kernels.ring_relative_attention`: no copy of the memory).
+        or, for a one-token segment (a generation step), attends to the ring where it lies
+        (`kernels.ring_relative_attention`: no copy of the memory; longer segments compiled
+        for evaluation ran slower that way).
 
         Returns:
             `(output (batch_size, T, hidden_dim), the segment's keys and values
@@ -216,8 +217,7 @@ class RelativeAttention(keras.layers.Layer):
         ring = cache.rings[layer]
 
         length = inputs.shape[1]
-        in_place = kernels.fast_kernels_enabled() and memory_length > 0 and isinstance(length, int) \
-            and length < self.head_dim
+        in_place = kernels.fast_kernels_enabled() and memory_length > 0 and length == 1
 
         def attend(part):
             positions = {name: part.get(name) for name in ("position_keys", "content_bias", "position_bias",
