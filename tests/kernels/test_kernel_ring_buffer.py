@@ -1,11 +1,12 @@
 """In-place appends to a ring buffer against the plain shift of the memory."""
 
+import keras
 import numpy as np
 import pytest
 from conftest import to_np
 from keras import ops
 
-from txl_keras.kernels.ring_buffer import append_rows, append_rows_reference, ring_rows
+from txl_keras.kernels.ring_buffer import append_rows, append_rows_reference, own, ring_rows, write_row_in_place
 from txl_keras.layers.inference_cache import store_geometry
 
 
@@ -33,3 +34,45 @@ def test_in_place_appends_equal_the_shifted_memory(mem_len, segment):
     single, offset = append_rows(single, offset, row, 1)  # one row never wraps
     np.testing.assert_array_equal(to_np(ring_rows(single, offset, capacity)),
                                   np.concatenate([ordered, row], axis=2)[:, :, 1:])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_written_in_place_equal_the_shifted_memory(dtype):
+    """A token loop (compiled on TensorFlow) that reads the ring, then writes one row into a
+    copy from `own`, reads at every step what the plain shift of the memory holds, ends with
+    the same rows in time order, and leaves the ring it copied unchanged."""
+    rng = np.random.default_rng(1)
+    groups, batch, capacity, width, steps = 2, 3, 5, 4, 12  # wraps around twice
+    start = ops.cast(rng.normal(size=(groups, batch, capacity, width)).astype("float32"), dtype)
+    start_values = to_np(ops.cast(start, "float32"))
+    rows = ops.cast(rng.normal(size=(steps, groups, batch, 1, width)).astype("float32"), dtype)
+
+    def loop(ring, offset, write):
+        def body(i, ring, offset, reads):
+            ordered = ring_rows(ring, offset, capacity)  # a read of the whole ring, in time order
+            weights = ops.cast(ops.arange(capacity, dtype="float32") + 1.0, ring.dtype)
+            read = ops.cast(ops.sum(ordered * weights[:, None], axis=(0, 2, 3)), "float32")
+            ring, offset = write(ring, offset, rows[i], read)
+            return i + 1, ring, offset, ops.slice_update(reads, (i, 0), read[None])
+        start_state = (ops.convert_to_tensor(0, "int32"), ring, offset, ops.zeros((steps, batch), "float32"))
+        return ops.while_loop(lambda i, *_: i < steps, body, start_state)[1:]
+
+    def in_place(ring, offset, row, read):
+        return write_row_in_place(ring, offset, row, after=[read])
+
+    def plain(ring, offset, row, read):
+        return append_rows_reference(ring, offset, row)
+
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        fast_loop = tf.function(lambda ring, offset: loop(own(ring), offset, in_place))
+    else:
+        fast_loop = lambda ring, offset: loop(own(ring), offset, in_place)  # noqa: E731
+    offset = ops.convert_to_tensor(2, "int32")
+    fast_ring, fast_offset, fast_reads = fast_loop(start, offset)
+    plain_ring, plain_offset, plain_reads = loop(start, offset, plain)
+    np.testing.assert_array_equal(to_np(fast_reads), to_np(plain_reads))
+    np.testing.assert_array_equal(to_np(ops.cast(ring_rows(fast_ring, fast_offset, capacity), "float32")),
+                                  to_np(ops.cast(ring_rows(plain_ring, plain_offset, capacity), "float32")))
+    np.testing.assert_array_equal(to_np(ops.cast(start, "float32")), start_values)

@@ -224,10 +224,11 @@ def step_memory(settings):
     return dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
 
 
-def next_token(model, settings, sampler, last, cache, seeds, step):
+def next_token(model, settings, sampler, last, cache, seeds, step, in_place=False):
     """One step of every row: `(the next tokens int32 (B,), the cache)` after `last` (B,),
-    drawn with the keys `(seeds[r], step)`."""
-    out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **step_memory(settings))
+    drawn with the keys `(seeds[r], step)`; `in_place` as in `call_with_cache`."""
+    out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, in_place=in_place,
+                                       **step_memory(settings))
     keys = ops.stack([seeds, ops.full(ops.shape(seeds), step, "int32")], axis=1)
     return ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"), cache
 
@@ -235,14 +236,15 @@ def next_token(model, settings, sampler, last, cache, seeds, step):
 def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds):
     """The token loop: `steps` one-token steps from the prompts' last tokens `last` (B,)
     against `cache`; row r stops at one of `stops` or after `limits[r]` tokens; its draws
-    are keyed `(seeds[r], its token count)`. Returns int32 `(B, steps)`."""
+    are keyed `(seeds[r], its token count)`; the loop writes a copy of the cache's rings in
+    place (`InferenceCache.owned`). Returns int32 `(B, steps)`."""
     stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
 
     def cond(i, last, done, produced, cache):
         return ops.logical_and(i < steps, ops.logical_not(ops.all(done)))
 
     def body(i, last, done, produced, cache):
-        token, cache = next_token(model, settings, sampler, last, cache, seeds, i)
+        token, cache = next_token(model, settings, sampler, last, cache, seeds, i, in_place=True)
         token = ops.where(done, last, token)
         produced = ops.slice_update(produced, (0, i), token[:, None])
         stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
@@ -250,7 +252,7 @@ def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, see
         return i + 1, token, done, produced, cache
 
     batch = ops.shape(last)[0]
-    start = (ops.convert_to_tensor(0, "int32"), last, limits <= 0, ops.zeros((batch, steps), "int32"), cache)
+    start = (ops.convert_to_tensor(0, "int32"), last, limits <= 0, ops.zeros((batch, steps), "int32"), cache.owned())
     return ops.while_loop(cond, body, start)[3]
 
 

@@ -9,7 +9,7 @@ from keras import ops
 from keras.src.utils import tracking
 
 from txl_keras import kernels
-from txl_keras.kernels.ring_buffer import append_rows, append_rows_reference, ring_rows
+from txl_keras.kernels.ring_buffer import append_rows, append_rows_reference, own, ring_rows, write_row_in_place
 from txl_keras.layers import arguments
 from txl_keras.layers.memory_cache import state_variable
 
@@ -75,10 +75,20 @@ class InferenceCache(NamedTuple):
         return self._replace(rings=rings, offset=ops.zeros((), "int32"),
                              valid=ops.broadcast_to(ops.cast(self.valid, "int32"), (batch_size,)))
 
-    def append(self, rows, valid):
+    def owned(self):
+        """The same memory in rings of its own, which `append(..., write_after=...)` may
+        write where they lie (a token loop's cache: nothing else reads it)."""
+        return self._replace(rings=tuple(own(ring) for ring in self.rings))
+
+    def append(self, rows, valid, write_after=None):
         """The cache with `rows` (one per layer, `(batch_size, T, G * W)`) as its newest
         rows and `valid` real ones (a single row is written in place with the fast
-        kernels; more rows shift the memory, `kernels.ring_buffer`)."""
+        kernels; more rows shift the memory, `kernels.ring_buffer`).
+
+        `write_after`: for a cache from `owned()` that nothing reads after this, tensors
+        computed from every read of its rings: a single row is then written into the
+        rings' own buffers once they exist (`kernels.ring_buffer.write_row_in_place`), no
+        copy of the memory."""
         valid = ops.cast(valid, "int32")
         if not self.rings or self.rings[0].shape[2] == 0:
             return self._replace(valid=valid)
@@ -86,8 +96,12 @@ class InferenceCache(NamedTuple):
         rings, offset = [], self.offset
         for ring, new in zip(self.rings, rows):
             new = head_major(new, ring.shape[0])
-            ring, offset = append_rows(ring, self.offset, new, 1) if in_place else \
-                append_rows_reference(ring, self.offset, new)
+            if in_place and write_after is not None:
+                ring, offset = write_row_in_place(ring, self.offset, new, write_after)
+            elif in_place:
+                ring, offset = append_rows(ring, self.offset, new, 1)
+            else:
+                ring, offset = append_rows_reference(ring, self.offset, new)
             rings.append(ring)
         return self._replace(rings=tuple(rings), offset=offset, valid=valid)
 

@@ -340,11 +340,13 @@ class TransformerXL(keras.Model):
         valid = ops.convert_to_tensor(settings.mem_len if zero_init else 0, "int32")
         return InferenceCache(tuple(rings), ops.convert_to_tensor(0, "int32"), valid, position_keys)
 
-    def call_with_cache(self, tokens, cache, mem_len=None, clamp_len=None, same_length=None):
+    def call_with_cache(self, tokens, cache, mem_len=None, clamp_len=None, same_length=None, in_place=False):
         """`call` for frozen weights: `(hidden (batch_size, T, d_model), the cache advanced by
-        the segment)`; `mem_len`, `clamp_len` and `same_length` as the cache was made."""
+        the segment)`; `mem_len`, `clamp_len` and `same_length` as the cache was made.
+        `in_place`: the cache is one from `InferenceCache.owned()` that nothing reads after
+        this call (a token loop's), so a one-token segment is written into its rings."""
         hidden, rows, valid = self.forward_with_cache(tokens, cache, mem_len, clamp_len, same_length)
-        return hidden, cache.append(rows, valid)
+        return hidden, cache.append(rows, valid, write_after=[hidden] if in_place else None)
 
     def forward_with_cache(self, tokens, cache, mem_len=None, clamp_len=None, same_length=None):
         """A segment against the cache, which it does not change: `(hidden, the rows the

@@ -126,11 +126,12 @@ class TransformerXLLM(keras.Model):
         return self.backbone.init_cache(batch_size, mem_len, clamp_len, segment_length)
 
     def call_with_cache(self, tokens, cache, targets=None, return_log_probs=False, mem_len=None, clamp_len=None,
-                        same_length=None):
+                        same_length=None, in_place=False):
         """`call` for frozen weights, the memory in `cache`: `(out, the cache advanced by
         the segment)`, `out` with `"hidden"` and, as asked, `"nll"` and `"log_probs"`;
-        `mem_len`, `clamp_len` and `same_length` as the cache was made."""
-        hidden, cache = self.backbone.call_with_cache(tokens, cache, mem_len, clamp_len, same_length)
+        `mem_len`, `clamp_len` and `same_length` as the cache was made; `in_place` as in
+        `TransformerXL.call_with_cache`."""
+        hidden, cache = self.backbone.call_with_cache(tokens, cache, mem_len, clamp_len, same_length, in_place)
         return {"hidden": hidden, **self._head(hidden, tokens, targets, return_log_probs, False)}, cache
 
     def _head(self, hidden, tokens, targets, return_log_probs, training):
