@@ -128,21 +128,32 @@ def test_relative_attention_equals_the_layers_plain_attention(training, clamped)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("offset,capacity,length", [(0, 7, 1), (3, 7, 1), (5, 9, 3)])
-def test_attention_to_a_ring_in_place_equals_the_paper_on_the_memory_in_time_order(offset, capacity, length):
+@pytest.mark.parametrize("offset,capacity,length,written", [
+    (0, 7, 1, None), (3, 7, 1, None), (5, 9, 3, None),
+    # written slots just before `offset`: only they and one initial row are read (TensorFlow)
+    (3, 6, 1, 3), (5, 6, 1, 2), (4, 9, 2, 4), (0, 6, 1, 0), (8, 9, 1, 7),
+    # written slots around the ring's end, or all of them: the whole ring
+    (2, 6, 1, 4), (3, 6, 1, 6)])
+def test_attention_to_a_ring_in_place_equals_the_paper_on_the_memory_in_time_order(offset, capacity, length, written):
     """`ring_relative_attention` against numpy: the ring's last M rows put in time order and
     joined to the segment, every score `(q + u) k_j + (q + v) W_R R_{M+i-j}` (a clamped
-    encoding), rows with their own count of real memory slots, softmax, values."""
+    encoding), rows with their own count of real memory slots, softmax, values. With
+    `written`, the slots not written hold one initial row (per head and stream)."""
     heads, batch, dim, memory, clamp = 2, 3, 4, 6, 4
     q, ring_k, ring_v, seg_k, seg_v = tensors((heads, batch, length, dim), (heads, batch, capacity, dim),
                                               (heads, batch, capacity, dim), (heads, batch, length, dim),
                                               (heads, batch, length, dim))
+    if written is not None:
+        initial = (np.arange(capacity) - offset) % capacity < capacity - written  # the oldest slots
+        ring_k[:, :, initial], ring_v[:, :, initial] = ring_k[:, :, :1], ring_v[:, :, :1] * 0 + 0.5
     u, v = tensors((heads, dim), (heads, dim))
     position_keys, = tensors((heads, dim, clamp + 1))  # distances clamp, ..., 0
     valid = np.array([6, 2, 0], "int32")
     mask = to_np(causal_attention_mask(length, memory, ops.convert_to_tensor(valid)))  # (B, T, M + T)
     got = to_np(kernels.ring_relative_attention(q, ring_k, ring_v, ops.convert_to_tensor(offset, "int32"), memory,
-                                                seg_k, seg_v, position_keys, u, v, mask=mask))
+                                                seg_k, seg_v, position_keys, u, v, mask=mask,
+                                                written=None if written is None else ops.convert_to_tensor(
+                                                    written, "int32")))
     in_time = lambda ring: np.roll(ring, -offset, axis=2)[:, :, capacity - memory:]  # noqa: E731
     keys = np.concatenate([in_time(ring_k), seg_k], axis=2).astype("float64")
     values = np.concatenate([in_time(ring_v), seg_v], axis=2).astype("float64")

@@ -65,21 +65,45 @@ def test_a_cache_appends_rows_as_the_memory_shifts(fast):
             np.testing.assert_array_equal(to_np(cache.rows(0, 5)), want)
 
 
-def test_caches_of_streams_at_different_places_join_per_row():
-    """`per_row` puts each ring in time order with one count per stream, so two caches at
-    different offsets, joined on the batch axis, read each stream's own rows."""
+@pytest.mark.parametrize("turn_to", [None, 0, 2, 4])
+def test_caches_of_streams_at_different_places_join_per_row(turn_to):
+    """`per_row(offset)` turns each ring so that its oldest row sits at `offset`, with one
+    count per stream: two caches at different offsets, joined on the batch axis, read each
+    stream's own rows in time order (numpy: the ring rolled by its own offset)."""
     rng = np.random.default_rng(4)
     caches, want = [], []
     for offset, valid, batch in ((3, 2, 2), (0, 5, 1)):
         ring = rng.normal(size=(4, batch, 5, 2)).astype("float32")
         cache = InferenceCache((ops.convert_to_tensor(ring),), ops.convert_to_tensor(offset, "int32"),
-                               ops.convert_to_tensor(valid, "int32")).per_row()
-        caches.append(cache)
+                               ops.convert_to_tensor(valid, "int32"))
+        caches.append(cache.per_row(None if turn_to is None else ops.convert_to_tensor(turn_to, "int32")))
         want.append((np.concatenate([ring[:, :, offset:], ring[:, :, :offset]], axis=2), [valid] * batch))
-    joined = np.concatenate([to_np(c.rings[0]) for c in caches], axis=1)
-    np.testing.assert_array_equal(joined, np.concatenate([w for w, _ in want], axis=1))
-    assert [int(c.offset) for c in caches] == [0, 0]
+        assert int(caches[-1].offset) == (offset if turn_to is None else turn_to)
+        np.testing.assert_array_equal(to_np(caches[-1].rows(0, 5)), want[-1][0])
+    if turn_to is not None:
+        joined = caches[0]._replace(rings=(ops.concatenate([c.rings[0] for c in caches], axis=1),))
+        np.testing.assert_array_equal(to_np(joined.rows(0, 5)), np.concatenate([w for w, _ in want], axis=1))
     assert sum((to_np(c.valid).tolist() for c in caches), []) == [2, 2, 5]
+
+
+def test_written_counts_the_rows_appended_up_to_the_capacity():
+    """`written` grows by each append's rows and stops at the capacity; turned to it, the
+    written rows lie in the first slots in time order."""
+    cache = InferenceCache((ops.zeros((2, 1, 5, 1)),), ops.convert_to_tensor(0, "int32"),
+                           ops.convert_to_tensor(0, "int32"), written=ops.convert_to_tensor(0, "int32"))
+    counts, rows = [], []
+    for length in (2, 1, 1, 3):
+        new = np.arange(len(rows), len(rows) + length, dtype="float32") + 1
+        rows += new.tolist()
+        cache = cache.append([ops.convert_to_tensor(np.repeat(new, 2).reshape(1, length, 2))], 0)
+        counts.append(int(cache.written))
+    assert counts == [2, 3, 4, 5]
+    partial = InferenceCache((ops.zeros((2, 1, 5, 1)),), ops.convert_to_tensor(0, "int32"),
+                             ops.convert_to_tensor(0, "int32"), written=ops.convert_to_tensor(0, "int32"))
+    partial = partial.append([ops.convert_to_tensor(np.repeat([1.0, 2.0, 3.0], 2).reshape(1, 3, 2))], 3)
+    turned = partial.turned(partial.written)
+    assert int(turned.offset) == 3
+    assert to_np(turned.rings[0])[0, 0, :, 0].tolist() == [1.0, 2.0, 3.0, 0.0, 0.0]
 
 
 def head_of(kv, groups):

@@ -208,9 +208,7 @@ def _generate_signature(model, serving, tokenizer):
         _, cache = tf.while_loop(lambda s, _: s < full, feed, (tf.constant(0), cache))
         rest = context[:, full * segment:]
         cache = tf.cond(tf.shape(rest)[1] > 0, lambda: advance(rest, cache), lambda: cache)
-        if cache.position_keys:
-            cache = cache._replace(position_keys=tuple(model.backbone.project_positions(serving.mem_len + 1,
-                                                                                        serving.clamp_len)))
+        cache = generation.ready_for_steps(model, cache, serving)
         new = generation.decode_loop(model, serving, sampler, max_new_tokens, stops, tf.reshape(ids[-1:], [1]), cache,
                                      tf.reshape(max_new_tokens, [1]), tf.reshape(seed, [1]))[0]
         if stops:  # up to and including the first stop token

@@ -178,7 +178,17 @@ def prompt_cache(model, prompts, settings):
                              segment_length=min(tgt_len, max(context.shape[1], 1)))
     for start in range(0, context.shape[1], tgt_len):
         cache = feed(ops.convert_to_tensor(context[:, start:start + tgt_len]), cache)
-    if cache.position_keys:  # exactly the keys of a one-token step (a longer projection is sliced, a copy, per token)
+    return ready_for_steps(model, cache, settings)
+
+
+def ready_for_steps(model, cache, settings):
+    """A prompt's cache made ready for one-token steps: its written rows in the ring's first
+    slots (`InferenceCache.turned`: a step reads only those until the ring fills) and the
+    position keys of a one-token step (a longer projection would be sliced, a copy, per
+    token)."""
+    if cache.written is not None:
+        cache = cache.turned(cache.written)
+    if cache.position_keys:
         cache = cache._replace(position_keys=tuple(model.backbone.project_positions(settings.mem_len + 1,
                                                                                     settings.clamp_len)))
     return cache
@@ -207,7 +217,9 @@ def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
     for length in sorted({len(ids) for ids in rows}):
         group = [r for r, ids in enumerate(rows) if len(ids) == length]
         order += group
-        caches.append(prompt_cache(model, np.stack([rows[r] for r in group]), settings).per_row())
+        caches.append(prompt_cache(model, np.stack([rows[r] for r in group]), settings))
+    # one offset for all: the longest prompts' (the most rows written)
+    caches = [c.per_row(caches[-1].offset)._replace(written=caches[-1].written) for c in caches]
     cache = caches[0] if len(caches) == 1 else caches[0]._replace(
         rings=tuple(ops.concatenate(rings, axis=1) for rings in zip(*(c.rings for c in caches))),
         valid=ops.concatenate([c.valid for c in caches]))

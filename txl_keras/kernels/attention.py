@@ -150,10 +150,9 @@ def position_scores(queries, position_keys, key_length, score_bias=None):
     scores = relative_shift(scores)  # the last `width` keys
     if not clamped or width == key_length:
         return scores
-    # Padded in front and selected: XLA fuses both into the scores' sum.
-    far = key_length - width
-    padded = ops.pad(scores, [[0, 0], [0, 0], [0, 0], [far, 0]])
-    return ops.where(ops.arange(key_length) < far, scores[..., :1], padded)
+    # The older keys' column repeated in front (a broadcast select is slow on TensorFlow).
+    far = ops.broadcast_to(scores[..., :1], tuple(ops.shape(scores)[:-1]) + (key_length - width,))
+    return ops.concatenate([far, scores], axis=-1)
 
 
 # -- the whole attention ---------------------------------------------------------------------
@@ -194,34 +193,76 @@ def relative_attention(queries, keys, values, position_keys=None, content_bias=N
 
 
 def ring_relative_attention(queries, ring_keys, ring_values, offset, memory_length, keys, values,
-                            position_keys=None, content_bias=None, position_bias=None, score_bias=None, mask=None):
+                            position_keys=None, content_bias=None, position_bias=None, score_bias=None, mask=None,
+                            written=None):
     """`relative_attention` outside training with the memory's keys and values left in their
     ring `(h, B, capacity, Dh)` (the oldest row at slot `offset`), where the reference joins
     the ring's last `memory_length` rows in time order to the segment's `keys` and `values`
     `(h, B, T, Dh)` (a copy of the whole memory). Here the scores `(h, B, T, capacity)` are
     put in time order and the weights back in slot order: cheaper than moving the memory
     for one query per row (a generation step); the same result up to the order of the sum
-    over the memory."""
+    over the memory.
+
+    `written`: optional int32 scalar, how many of the newest slots were written; every
+    older slot holds one same row (the initial memory's). On TensorFlow, when the written
+    slots lie just before `offset` (a ring that has not filled yet, `InferenceCache.turned`),
+    only they and one older slot are read: a step costs what was written, not the capacity."""
     dtype = keras.backend.standardize_dtype(queries.dtype)
     capacity = ops.shape(ring_keys)[2]
     scale = ops.cast(1.0 / ops.shape(queries)[-1] ** 0.5, dtype)
     q = queries * scale
     content_q = q if content_bias is None else q + scale * ops.cast(content_bias, dtype)[:, None, None]
-    in_slots = query_key_scores_reference(content_q, ops.cast(ring_keys, dtype))
-    in_time = ops.roll(in_slots, -offset, axis=-1)[..., capacity - memory_length:]
-    scores = ops.concatenate([in_time, query_key_scores_reference(content_q, keys)], axis=-1)
-    if position_keys is not None:
-        position_q = q if position_bias is None else q + scale * ops.cast(position_bias, dtype)[:, None, None]
-        bias = None if score_bias is None else scale * ops.cast(score_bias, dtype)
-        scores = scores + position_scores(position_q, position_keys, memory_length + ops.shape(keys)[2], bias)
-    scores = ops.cast(scores, "float32")
-    if mask is not None:
-        scores = scores + ops.where(mask, 0.0, MASK_VALUE)
-    weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
-    memory_weights = ops.cast(weights[..., :memory_length], ring_values.dtype)
-    older = capacity - memory_length  # slots outside the memory: no weight
-    if older:
-        memory_weights = ops.pad(memory_weights, [[0, 0], [0, 0], [0, 0], [older, 0]])
-    attended = ops.matmul(ops.roll(memory_weights, offset, axis=-1), ops.cast(ring_values, dtype)) \
-        + ops.matmul(ops.cast(weights[..., memory_length:], dtype), values)
-    return attended / ops.cast(ops.sum(weights, axis=-1, keepdims=True), attended.dtype)
+
+    def attend(memory_scores, weigh_memory):
+        # memory_scores (h, B, T, memory_length) in time order; weigh_memory(weights) -> (h, B, T, Dh)
+        scores = ops.concatenate([memory_scores, query_key_scores_reference(content_q, keys)], axis=-1)
+        if position_keys is not None:
+            position_q = q if position_bias is None else q + scale * ops.cast(position_bias, dtype)[:, None, None]
+            bias = None if score_bias is None else scale * ops.cast(score_bias, dtype)
+            scores = scores + position_scores(position_q, position_keys, memory_length + ops.shape(keys)[2], bias)
+        scores = ops.cast(scores, "float32")
+        if mask is not None:
+            scores = scores + ops.where(mask, 0.0, MASK_VALUE)
+        weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+        attended = weigh_memory(weights[..., :memory_length]) \
+            + ops.matmul(ops.cast(weights[..., memory_length:], dtype), values)
+        return attended / ops.cast(ops.sum(weights, axis=-1, keepdims=True), attended.dtype)
+
+    def whole_ring():
+        in_slots = query_key_scores_reference(content_q, ops.cast(ring_keys, dtype))
+        in_time = ops.roll(in_slots, -offset, axis=-1)[..., capacity - memory_length:]
+
+        def weigh(weights):
+            in_slots = ops.cast(weights, ring_values.dtype)
+            older = capacity - memory_length  # slots outside the memory: no weight
+            if older:
+                in_slots = ops.pad(in_slots, [[0, 0], [0, 0], [0, 0], [older, 0]])
+            return ops.matmul(ops.roll(in_slots, offset, axis=-1), ops.cast(ring_values, dtype))
+
+        return attend(in_time, weigh)
+
+    if written is None or not memory_length or keras.config.backend() != "tensorflow":  # XLA: static shapes
+        return whole_ring()
+    import tensorflow as tf
+
+    live = tf.minimum(tf.cast(written, "int32"), memory_length)  # the written rows of the memory
+
+    def written_slots():
+        # slots [offset - live, offset) in time order, after `memory_length - live` copies of
+        # the initial row, read at slot `offset` (not written: `written` < capacity)
+        heads, batch, length = tf.unstack(tf.shape(queries)[:3])
+        width = tf.shape(ring_keys)[3]
+        start, count = [0, 0, offset - live, 0], tf.stack([heads, batch, live + 1, width])
+        slots_k = ops.cast(tf.slice(ring_keys, start, count), dtype)  # the last one: the initial row
+        slots_v = ops.cast(tf.slice(ring_values, start, count), dtype)
+        scores = query_key_scores_reference(content_q, slots_k)
+        initial = tf.broadcast_to(scores[..., live:], tf.stack([heads, batch, length, memory_length - live]))
+
+        def weigh(weights):
+            older, newer = weights[..., :memory_length - live], weights[..., memory_length - live:]
+            weights = tf.concat([newer, tf.reduce_sum(older, axis=-1, keepdims=True)], axis=-1)
+            return ops.matmul(ops.cast(weights, dtype), slots_v)
+
+        return attend(tf.concat([initial, scores[..., :live]], axis=-1), weigh)
+
+    return tf.cond(tf.logical_and(offset >= live, written < capacity), written_slots, whole_ring)

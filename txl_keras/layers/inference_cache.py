@@ -48,6 +48,9 @@ class InferenceCache(NamedTuple):
             count per stream `(batch_size,)` (`per_row`).
         position_keys: one per layer `(n_head, d_head, P)`, the projected encoding of
             distances `P - 1, ..., 0` (attn_type 0, projected once), or `()`.
+        written: int32 scalar, how many of the newest slots were written since `init_cache`
+            (at most the capacity); every older slot still holds the initial memory's row.
+            `None`: unknown (a memory given from outside).
 
     Example:
     >>> cache = InferenceCache(rings=(ops.zeros((2, 1, 3, 1)),), offset=ops.array(0, "int32"),
@@ -61,19 +64,34 @@ class InferenceCache(NamedTuple):
     offset: object
     valid: object
     position_keys: tuple = ()
+    written: object = None
 
     def rows(self, layer, length):
         """Layer `layer`'s last `length` rows in time order, `(G, batch_size, length, W)`."""
         return ring_rows(self.rings[layer], self.offset, length)
 
-    def per_row(self):
-        """The same memory with its rings in time order (offset 0) and a count of real rows
-        per stream, `valid` `(batch_size,)`: caches of streams at different places in their
-        text then join on the batch axis (the attention masks each row's empty slots)."""
+    @property
+    def capacity(self):
+        """Slots per ring."""
+        return self.rings[0].shape[2] if self.rings else 0
+
+    def turned(self, offset):
+        """The same memory with its oldest row at slot `offset` (int32 scalar). Turned to the
+        count of written rows, those lie in slots `[0, written)`, where a one-token step
+        reads them alone until the ring fills (`kernels.ring_relative_attention`)."""
+        if not self.capacity:
+            return self
+        rings = tuple(ops.roll(ring, offset - self.offset, axis=2) for ring in self.rings)
+        return self._replace(rings=rings, offset=ops.cast(offset, "int32") % self.capacity)
+
+    def per_row(self, offset=None):
+        """The same memory with a count of real rows per stream, `valid` `(batch_size,)`,
+        its oldest row at slot `offset` (default: where it is). Caches of streams at
+        different places in their text, turned to one offset, join on the batch axis (the
+        attention masks each row's empty slots; `written` is then the largest count)."""
         batch_size = ops.shape(self.rings[0])[1]
-        rings = tuple(ring_rows(ring, self.offset, ring.shape[2]) if ring.shape[2] else ring for ring in self.rings)
-        return self._replace(rings=rings, offset=ops.zeros((), "int32"),
-                             valid=ops.broadcast_to(ops.cast(self.valid, "int32"), (batch_size,)))
+        cache = self if offset is None else self.turned(offset)
+        return cache._replace(valid=ops.broadcast_to(ops.cast(self.valid, "int32"), (batch_size,)))
 
     def owned(self):
         """The same memory in rings of its own, which `append(..., write_after=...)` may
@@ -92,6 +110,9 @@ class InferenceCache(NamedTuple):
         valid = ops.cast(valid, "int32")
         if not self.rings or self.rings[0].shape[2] == 0:
             return self._replace(valid=valid)
+        written = self.written
+        if written is not None:
+            written = ops.minimum(ops.cast(written, "int32") + ops.shape(rows[0])[1], self.capacity)
         in_place = kernels.fast_kernels_enabled() and rows[0].shape[1] == 1
         rings, offset = [], self.offset
         for ring, new in zip(self.rings, rows):
@@ -103,7 +124,7 @@ class InferenceCache(NamedTuple):
             else:
                 ring, offset = append_rows_reference(ring, self.offset, new)
             rings.append(ring)
-        return self._replace(rings=tuple(rings), offset=offset, valid=valid)
+        return self._replace(rings=tuple(rings), offset=offset, valid=valid, written=written)
 
 
 def store_geometry(mem_len, segment_length):

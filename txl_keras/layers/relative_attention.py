@@ -228,7 +228,8 @@ class RelativeAttention(keras.layers.Layer):
                 ring_values = ops.slice(ring, [part["first"] + self.num_heads, 0, 0, 0], count)
                 return kernels.ring_relative_attention(part["queries"], ring_keys, ring_values, cache.offset,
                                                        memory_length, part["keys"], part["values"],
-                                                       mask=attention_mask, **positions)
+                                                       mask=attention_mask, written=cache.written,
+                                                       **positions)
             keys = self._joined(ring, cache.offset, memory_length, part["first"], part["keys"])
             values = self._joined(ring, cache.offset, memory_length, part["first"] + self.num_heads, part["values"])
             return self.attention(part["queries"], keys, values, attention_mask=attention_mask, **positions)

@@ -338,7 +338,8 @@ class TransformerXL(keras.Model):
             position_keys = tuple(self.project_positions(settings.mem_len + (segment_length or settings.tgt_len),
                                                          settings.clamp_len))
         valid = ops.convert_to_tensor(settings.mem_len if zero_init else 0, "int32")
-        return InferenceCache(tuple(rings), ops.convert_to_tensor(0, "int32"), valid, position_keys)
+        return InferenceCache(tuple(rings), ops.convert_to_tensor(0, "int32"), valid, position_keys,
+                              written=ops.convert_to_tensor(0, "int32"))
 
     def call_with_cache(self, tokens, cache, mem_len=None, clamp_len=None, same_length=None, in_place=False):
         """`call` for frozen weights: `(hidden (batch_size, T, d_model), the cache advanced by
