@@ -160,7 +160,8 @@ import tensorflow as tf
 loaded = tf.saved_model.load(sys.argv[1])
 prompts = tf.constant(json.loads(sys.argv[2]))
 out = {}
-for name, (temperature, top_k, seed) in {"greedy": (0.0, 0, 0), "top_k": (0.8, 3, 7)}.items():
+for name, (temperature, top_k, seed) in {"greedy": (0.0, 0, 0), "top_k": (0.8, 3, 7),
+                                          "random": (0.9, 0, 5)}.items():
     texts = loaded.generate(prompts=prompts, max_new_tokens=tf.constant(9), temperature=tf.constant(temperature),
                             top_k=tf.constant(top_k), seed=tf.constant(seed))["texts"]
     out[name] = [t.decode() for t in texts.numpy()]
@@ -175,7 +176,7 @@ def test_the_saved_models_generate_is_the_tasks_generate_without_txl_keras(tmp_p
     from tf_records.vocabulary import Vocabulary
     from txl_keras import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLTokenizer
     from txl_keras.export import export_saved_model
-    from txl_keras.samplers import TopKSampler
+    from txl_keras.samplers import RandomSampler, TopKSampler
 
     vocab = Vocabulary(["<eos>", "<unk>", "alpha", "beta", "gamma", "delta", "kappa"], add_eos=True,
                        unk_symbol="<unk>")
@@ -194,3 +195,4 @@ def test_the_saved_models_generate_is_the_tasks_generate_without_txl_keras(tmp_p
     greedy = lm.generate(prompts, max_new_tokens=9, sampler="greedy")
     assert served["greedy"] == greedy and served["serving_default"] == greedy
     assert served["top_k"] == lm.generate(prompts, max_new_tokens=9, sampler=TopKSampler(k=3, temperature=0.8, seed=7))
+    assert served["random"] == lm.generate(prompts, max_new_tokens=9, sampler=RandomSampler(temperature=0.9, seed=5))

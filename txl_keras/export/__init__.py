@@ -170,16 +170,22 @@ class _ServedSampler:
         self.temperature, self.top_k = temperature, top_k
 
     def __call__(self, log_probs, keys):
+        # Only the branch asked for runs: no draws for greedy, no top-k without a `top_k`.
         log_probs = tf.cast(log_probs, tf.float32)
-        greedy = tf.cast(tf.argmax(log_probs, axis=-1), tf.int32)
-        logits = log_probs / tf.maximum(self.temperature, 1e-6)
+        return tf.cond(self.temperature > 0, lambda: self._sampled(log_probs, keys),
+                       lambda: tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
+
+    def _sampled(self, log_probs, keys):
+        logits = log_probs / self.temperature
         vocabulary = tf.shape(logits)[-1]
-        k = tf.where(self.top_k > 0, tf.minimum(self.top_k, vocabulary), vocabulary)
-        kth = tf.gather(tf.sort(logits, axis=-1, direction="DESCENDING"), k - 1, axis=-1)[:, None]
-        logits = tf.where(logits < kth, -float("inf"), logits)
+
+        def filtered():
+            kth = tf.math.top_k(logits, tf.minimum(self.top_k, vocabulary)).values[:, -1:]
+            return tf.where(logits < kth, -float("inf"), logits)
+
+        logits = tf.cond(self.top_k > 0, filtered, lambda: logits)
         gumbel = -tf.math.log(-tf.math.log(samplers.row_uniform(keys, vocabulary)))
-        sampled = tf.cast(tf.argmax(logits + gumbel, axis=-1), tf.int32)
-        return tf.where(self.temperature > 0, sampled, greedy)
+        return tf.cast(tf.argmax(logits + gumbel, axis=-1), tf.int32)
 
 
 def _generate_signature(model, serving, tokenizer):
