@@ -186,8 +186,7 @@ def ready_for_steps(model, cache, settings):
     slots (`InferenceCache.turned`: a step reads only those until the ring fills) and the
     position keys of a one-token step (a longer projection would be sliced, a copy, per
     token)."""
-    if cache.written is not None:
-        cache = cache.turned(cache.written)
+    cache = cache.turned(cache.written)
     if cache.position_keys:
         cache = cache._replace(position_keys=tuple(model.backbone.project_positions(settings.mem_len + 1,
                                                                                     settings.clamp_len)))
@@ -219,8 +218,8 @@ def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
         order += group
         caches.append(prompt_cache(model, np.stack([rows[r] for r in group]), settings))
     # one offset for all: the longest prompts' (the most rows written)
-    caches = [c.per_row(caches[-1].offset)._replace(written=caches[-1].written) for c in caches]
-    cache = caches[0] if len(caches) == 1 else caches[0]._replace(
+    caches = [c.per_row(caches[-1].offset) for c in caches]
+    cache = caches[0] if len(caches) == 1 else caches[-1]._replace(
         rings=tuple(ops.concatenate(rings, axis=1) for rings in zip(*(c.rings for c in caches))),
         valid=ops.concatenate([c.valid for c in caches]))
     last = np.asarray([rows[r][-1] for r in order], "int32")

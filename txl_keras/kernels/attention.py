@@ -208,7 +208,6 @@ def ring_relative_attention(queries, ring_keys, ring_values, offset, memory_leng
     slots lie just before `offset` (a ring that has not filled yet, `InferenceCache.turned`),
     only they and one older slot are read: a step costs what was written, not the capacity."""
     dtype = keras.backend.standardize_dtype(queries.dtype)
-    capacity = ops.shape(ring_keys)[2]
     scale = ops.cast(1.0 / ops.shape(queries)[-1] ** 0.5, dtype)
     q = queries * scale
     content_q = q if content_bias is None else q + scale * ops.cast(content_bias, dtype)[:, None, None]
@@ -228,41 +227,51 @@ def ring_relative_attention(queries, ring_keys, ring_values, offset, memory_leng
             + ops.matmul(ops.cast(weights[..., memory_length:], dtype), values)
         return attended / ops.cast(ops.sum(weights, axis=-1, keepdims=True), attended.dtype)
 
-    def whole_ring():
-        in_slots = query_key_scores_reference(content_q, ops.cast(ring_keys, dtype))
-        in_time = ops.roll(in_slots, -offset, axis=-1)[..., capacity - memory_length:]
-
-        def weigh(weights):
-            in_slots = ops.cast(weights, ring_values.dtype)
-            older = capacity - memory_length  # slots outside the memory: no weight
-            if older:
-                in_slots = ops.pad(in_slots, [[0, 0], [0, 0], [0, 0], [older, 0]])
-            return ops.matmul(ops.roll(in_slots, offset, axis=-1), ops.cast(ring_values, dtype))
-
-        return attend(in_time, weigh)
-
+    whole_ring = lambda: attend(*_whole_ring(content_q, ring_keys, ring_values, offset, memory_length))  # noqa: E731
     if written is None or not memory_length or keras.config.backend() != "tensorflow":  # XLA: static shapes
         return whole_ring()
     import tensorflow as tf
 
     live = tf.minimum(tf.cast(written, "int32"), memory_length)  # the written rows of the memory
+    return tf.cond(tf.logical_and(offset >= live, written < ops.shape(ring_keys)[2]),
+                   lambda: attend(*_written_slots(content_q, ring_keys, ring_values, offset, memory_length, live)),
+                   whole_ring)
 
-    def written_slots():
-        # slots [offset - live, offset) in time order, after `memory_length - live` copies of
-        # the initial row, read at slot `offset` (not written: `written` < capacity)
-        heads, batch, length = tf.unstack(tf.shape(queries)[:3])
-        width = tf.shape(ring_keys)[3]
-        start, count = [0, 0, offset - live, 0], tf.stack([heads, batch, live + 1, width])
-        slots_k = ops.cast(tf.slice(ring_keys, start, count), dtype)  # the last one: the initial row
-        slots_v = ops.cast(tf.slice(ring_values, start, count), dtype)
-        scores = query_key_scores_reference(content_q, slots_k)
-        initial = tf.broadcast_to(scores[..., live:], tf.stack([heads, batch, length, memory_length - live]))
 
-        def weigh(weights):
-            older, newer = weights[..., :memory_length - live], weights[..., memory_length - live:]
-            weights = tf.concat([newer, tf.reduce_sum(older, axis=-1, keepdims=True)], axis=-1)
-            return ops.matmul(ops.cast(weights, dtype), slots_v)
+def _whole_ring(content_q, ring_keys, ring_values, offset, memory_length):
+    """`(memory scores (h, B, T, memory_length) in time order, weigh)` of every slot of the
+    ring, `weigh(weights in time order)` -> `(h, B, T, Dh)`."""
+    dtype = keras.backend.standardize_dtype(content_q.dtype)
+    capacity = ops.shape(ring_keys)[2]
+    in_slots = query_key_scores_reference(content_q, ops.cast(ring_keys, dtype))
 
-        return attend(tf.concat([initial, scores[..., :live]], axis=-1), weigh)
+    def weigh(weights):
+        in_slots = ops.cast(weights, ring_values.dtype)
+        older = capacity - memory_length  # slots outside the memory: no weight
+        if older:
+            in_slots = ops.pad(in_slots, [[0, 0], [0, 0], [0, 0], [older, 0]])
+        return ops.matmul(ops.roll(in_slots, offset, axis=-1), ops.cast(ring_values, dtype))
 
-    return tf.cond(tf.logical_and(offset >= live, written < capacity), written_slots, whole_ring)
+    return ops.roll(in_slots, -offset, axis=-1)[..., capacity - memory_length:], weigh
+
+
+def _written_slots(content_q, ring_keys, ring_values, offset, memory_length, live):
+    """`_whole_ring` of a ring whose `live` written rows lie in slots `[offset - live,
+    offset)` and whose other slots hold one initial row, read at slot `offset` (TensorFlow:
+    a slice of a size known when it runs). The initial row's score stands for the
+    `memory_length - live` oldest rows, and their weights are summed onto its value."""
+    import tensorflow as tf
+
+    dtype = keras.backend.standardize_dtype(content_q.dtype)
+    heads, batch, length = tf.unstack(tf.shape(content_q)[:3])
+    start, count = [0, 0, offset - live, 0], tf.stack([heads, batch, live + 1, tf.shape(ring_keys)[3]])
+    slots_v = ops.cast(tf.slice(ring_values, start, count), dtype)
+    scores = query_key_scores_reference(content_q, ops.cast(tf.slice(ring_keys, start, count), dtype))
+    initial = tf.broadcast_to(scores[..., live:], tf.stack([heads, batch, length, memory_length - live]))
+
+    def weigh(weights):
+        older, newer = weights[..., :memory_length - live], weights[..., memory_length - live:]
+        weights = tf.concat([newer, tf.reduce_sum(older, axis=-1, keepdims=True)], axis=-1)
+        return ops.matmul(ops.cast(weights, dtype), slots_v)
+
+    return tf.concat([initial, scores[..., :live]], axis=-1), weigh

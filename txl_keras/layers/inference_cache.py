@@ -88,7 +88,7 @@ class InferenceCache(NamedTuple):
         """The same memory with a count of real rows per stream, `valid` `(batch_size,)`,
         its oldest row at slot `offset` (default: where it is). Caches of streams at
         different places in their text, turned to one offset, join on the batch axis (the
-        attention masks each row's empty slots; `written` is then the largest count)."""
+        attention masks each row's empty slots)."""
         batch_size = ops.shape(self.rings[0])[1]
         cache = self if offset is None else self.turned(offset)
         return cache._replace(valid=ops.broadcast_to(ops.cast(self.valid, "int32"), (batch_size,)))
