@@ -81,8 +81,9 @@ def main(argv):
         try:
             average_weights([p for _, p in found], output)
             break
-        except FileNotFoundError:
-            if attempt == READ_TRIES - 1:
+        except OSError:  # h5py reports a file removed under it as a bare OSError
+            rotated = not all(files.exists(weights_path(p)) for _, p in found)
+            if attempt == READ_TRIES - 1 or not rotated:
                 raise
     print(f"averaged steps {[s for s, _ in found]} -> {output}")
 
