@@ -24,6 +24,14 @@ import keras
 import numpy as np
 from keras import ops
 
+from txl_keras import kernels
+
+
+def argmax(x):
+    """int32 index of each row's largest value (`kernels.last_axis_argmax`)."""
+    fast = kernels.fast_kernels_enabled()
+    return kernels.last_axis_argmax(x) if fast else kernels.last_axis_argmax_reference(x)
+
 
 def row_uniform(keys, n):
     """Uniform numbers in (0, 1), float32 `(batch_size, n)`; row r a pure function of `keys[r]`."""
@@ -94,7 +102,7 @@ class GreedySampler(Sampler):
         super().__init__()
 
     def get_next_token(self, log_probs, keys):
-        return ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+        return argmax(log_probs)
 
     def get_config(self):
         return {}
@@ -111,7 +119,7 @@ class RandomSampler(Sampler):
     def get_next_token(self, log_probs, keys):
         logits = self.filter(ops.cast(log_probs, "float32") / self.temperature)
         gumbel = -ops.log(-ops.log(row_uniform(keys, ops.shape(logits)[-1])))
-        return ops.cast(ops.argmax(logits + gumbel, axis=-1), "int32")
+        return argmax(logits + gumbel)
 
 
 def _top_k_filter(logits, k):

@@ -26,6 +26,7 @@ from txl_keras.kernels.attention import (position_scores, position_scores_refere
 from txl_keras.kernels.layer_norm import layer_norm, layer_norm_reference
 from txl_keras.kernels.nll import sparse_nll, sparse_nll_reference
 from txl_keras.kernels.relative_shift import relative_shift, relative_shift_reference
+from txl_keras.kernels.selection import last_axis_argmax, last_axis_argmax_reference
 
 _FAST = [True]
 
@@ -57,7 +58,8 @@ def reference_kernels():
 
 
 __all__ = [
-    "disable_fast_kernels", "enable_fast_kernels", "fast_kernels_enabled", "layer_norm", "layer_norm_reference",
+    "disable_fast_kernels", "enable_fast_kernels", "fast_kernels_enabled", "last_axis_argmax",
+    "last_axis_argmax_reference", "layer_norm", "layer_norm_reference",
     "position_scores", "position_scores_reference", "query_key_scores", "query_key_scores_reference",
     "reference_kernels", "relative_attention", "ring_relative_attention", "relative_shift", "relative_shift_reference", "softmax_values",
     "softmax_values_forward", "softmax_values_reference", "sparse_nll", "sparse_nll_reference",
