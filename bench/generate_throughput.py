@@ -14,8 +14,9 @@ cancel out), the best of two calls each; ours also prints the fixed cost of a ca
 
 Ours also runs, each in its own process, the same model on: a batch of 8 prompts of
 different lengths, 72 to 128 tokens (`batch8`: tokens/s of the batch against one prompt at
-a time, both measured in that process, alternately, the median of three rounds' ratios), beam search
-with 4 beams (`beam4`: time per new token against greedy), and the SavedModel's in-graph
+a time, both measured in that process, their calls interleaved, the median of three
+rounds' ratios; its long calls make `--batch_long` new tokens, so that the batch's ~5 s of
+prompts and their spread cancel), beam search with 4 beams (`beam4`: time per new token against greedy), and the SavedModel's in-graph
 `generate` signature on a prompt of 128 words of a stand-in vocabulary (`in_graph`: time
 per new token against `TransformerXLCausalLM.generate` on the same text).
 """
@@ -37,13 +38,20 @@ MODES = ("greedy", "batch8", "beam4", "in_graph")
 
 def per_token(run, short, long):
     """`(seconds per new token, fixed seconds per call)` from `run(new_tokens)`, best of two."""
-    times = {}
+    return side_by_side([run], short, long)[0]
+
+
+def side_by_side(runs, short, long):
+    """`per_token` of each of `runs`, their calls interleaved (a drift of the machine's speed
+    falls on every side alike)."""
+    times = [{} for _ in runs]
     for n in (short, long, short, long):
-        start = time.perf_counter()
-        run(n)
-        times[n] = min(times.get(n, float("inf")), time.perf_counter() - start)
-    step = (times[long] - times[short]) / (long - short)
-    return step, times[short] - short * step
+        for run, seen in zip(runs, times):
+            start = time.perf_counter()
+            run(n)
+            seen[n] = min(seen.get(n, float("inf")), time.perf_counter() - start)
+    steps = [(seen[long] - seen[short]) / (long - short) for seen in times]
+    return [(step, seen[short] - short * step) for step, seen in zip(steps, times)]
 
 
 def txl_worker(c, e):
@@ -73,13 +81,19 @@ def txl_worker(c, e):
 
 def batch_worker(model, c, e, generate, rounds=3):
     """A batch of 8 prompts of different lengths against one prompt at a time, side by side:
-    each round measures both, and the ratio is the median of the rounds' ratios."""
+    each round measures both, their calls interleaved, and the ratio is the median of the
+    rounds' ratios. The batch's
+    prompts take ~5 s per call (8 lengths, each through the memory on its own), whose spread
+    would swamp a per-token difference over a few tokens: the long calls make `batch_long`
+    new tokens."""
     prompts = [random_ids(e["prompt"] + 1 - 8 * s, c["n_token"], seed=s, zipf=True) for s in range(8)]
     one = prompts[:1]
     batch, alone, ratios = [], [], []
     for _ in range(rounds):
-        alone.append(per_token(lambda n: generate(model, one, n, temperature=0), e["short"], e["long"]))
-        batch.append(per_token(lambda n: generate(model, prompts, n, temperature=0), e["short"], e["long"]))
+        pair = side_by_side([lambda n: generate(model, one, n, temperature=0),
+                             lambda n: generate(model, prompts, n, temperature=0)], e["short"], e["batch_long"])
+        alone.append(pair[0])
+        batch.append(pair[1])
         ratios.append(len(prompts) * alone[-1][0] / batch[-1][0])
     median = lambda values: float(np.median(values))  # noqa: E731
     return {"s_per_token": median([b[0] for b in batch]), "fixed_s": median([b[1] for b in batch]),
@@ -150,11 +164,12 @@ def main():
     parser.add_argument("--baseline", default=None, help="a txl_keras checkout (another commit) run as a side")
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
+    parser.add_argument("--batch_long", type=int, default=200, help="new tokens of batch8's long calls")
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="what a txl_keras worker runs (internal)")
     parser.add_argument("--modes", default=",".join(MODES), help="the txl_keras measurements to run, comma-separated")
     args = parser.parse_args()
-    e = {**SETTINGS, "short": args.short, "long": args.long, "mode": args.mode}
+    e = {**SETTINGS, "short": args.short, "long": args.long, "batch_long": args.batch_long, "mode": args.mode}
     if args.config_json:
         c = json.loads(args.config_json)
     else:
@@ -167,7 +182,8 @@ def main():
     print(f"greedy generation, wt103_base, batch 1, {e}")
     forwarded = ["--config_json", json.dumps(c), f"--short={args.short}", f"--long={args.long}"]
     modes = [m for m in args.modes.split(",") if m]
-    results = {m: run_worker(sys.executable, __file__, ["--impl", "txl_keras", f"--mode={m}"] + forwarded)
+    results = {m: run_worker(sys.executable, __file__, ["--impl", "txl_keras", f"--mode={m}",
+                                                        f"--batch_long={args.batch_long}"] + forwarded)
                for m in modes}
     if args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
