@@ -16,9 +16,10 @@ Ours also runs, each in its own process, the same model on: a batch of 8 prompts
 different lengths, 72 to 128 tokens (`batch8`: tokens/s of the batch against one prompt at
 a time, both measured in that process, their calls interleaved, the median of three
 rounds' ratios; its long calls make `--batch_long` new tokens, so that the batch's ~5 s of
-prompts and their spread cancel), beam search with 4 beams (`beam4`: time per new token against greedy), and the SavedModel's in-graph
-`generate` signature on a prompt of 128 words of a stand-in vocabulary (`in_graph`: time
-per new token against `TransformerXLCausalLM.generate` on the same text).
+prompts and their spread cancel), beam search with 4 beams (`beam4`: time per new token
+against greedy), and the SavedModel's in-graph `generate` signature on a prompt of 128
+words of a stand-in vocabulary (`in_graph`: time per new token against
+`TransformerXLCausalLM.generate` on the same text).
 """
 
 import argparse
@@ -82,10 +83,9 @@ def txl_worker(c, e):
 def batch_worker(model, c, e, generate, rounds=3):
     """A batch of 8 prompts of different lengths against one prompt at a time, side by side:
     each round measures both, their calls interleaved, and the ratio is the median of the
-    rounds' ratios. The batch's
-    prompts take ~5 s per call (8 lengths, each through the memory on its own), whose spread
-    would swamp a per-token difference over a few tokens: the long calls make `batch_long`
-    new tokens."""
+    rounds' ratios. The batch's prompts take ~5 s per call (8 lengths, each through the
+    memory on its own), whose spread would swamp a per-token difference over a few tokens:
+    the long calls make `batch_long` new tokens."""
     prompts = [random_ids(e["prompt"] + 1 - 8 * s, c["n_token"], seed=s, zipf=True) for s in range(8)]
     one = prompts[:1]
     batch, alone, ratios = [], [], []

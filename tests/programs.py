@@ -45,6 +45,8 @@ def in_process(command, cwd=None):
                 run()
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if not isinstance(e.code, (int, type(None))):  # Python prints another exit value
+                    print(e.code, file=sys.stderr)
             except Exception:  # what Python does with an uncaught exception
                 traceback.print_exc(file=sys.stderr)
                 code = 1

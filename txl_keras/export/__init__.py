@@ -173,7 +173,7 @@ class _ServedSampler:
         # Only the branch asked for runs: no draws for greedy, no top-k without a `top_k`.
         log_probs = tf.cast(log_probs, tf.float32)
         return tf.cond(self.temperature > 0, lambda: self._sampled(log_probs, keys),
-                       lambda: tf.cast(tf.argmax(log_probs, axis=-1), tf.int32))
+                       lambda: samplers.argmax(log_probs))
 
     def _sampled(self, log_probs, keys):
         logits = log_probs / self.temperature
@@ -185,7 +185,7 @@ class _ServedSampler:
 
         logits = tf.cond(self.top_k > 0, filtered, lambda: logits)
         gumbel = -tf.math.log(-tf.math.log(samplers.row_uniform(keys, vocabulary)))
-        return tf.cast(tf.argmax(logits + gumbel, axis=-1), tf.int32)
+        return samplers.argmax(logits + gumbel)
 
 
 def _generate_signature(model, serving, tokenizer):
