@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["txl_keras", "txl_keras.*", "tf_records", "tf_records.*"]),
+    packages=find_packages(include=["txl_keras", "txl_keras.*", "tf_records", "tf_records.*", "txl_io", "txl_io.*"]),
     py_modules=["train_gpu", "train_tpu"],
     install_requires=[
         "tensorflow>=2.16",

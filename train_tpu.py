@@ -9,7 +9,7 @@ Without a reachable TPU it stops within seconds with a message saying what to pa
 import glob
 import os
 
-from tf_records import program  # first: tf_records starts its programs without TensorFlow's start-up notices
+from txl_io import program  # first: txl_io starts its programs without TensorFlow's start-up notices
 
 import tensorflow as tf  # noqa: E402,I001
 from absl import app, flags  # noqa: E402

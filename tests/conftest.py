@@ -17,10 +17,10 @@ if os.environ.get("KERAS_BACKEND") == "jax":  # two host devices for keras.distr
 sys.path.insert(0, os.path.dirname(__file__))
 if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
     # TensorFlow's start-up notices kept off the test log, as the programs keep them off theirs.
-    import importlib.util  # (tf_records/startup.py alone: the package itself imports TensorFlow)
+    import importlib.util  # (txl_io/startup.py alone: the package itself imports TensorFlow)
 
     _spec = importlib.util.spec_from_file_location(
-        "_startup", os.path.join(os.path.dirname(__file__), "..", "tf_records", "startup.py"))
+        "_startup", os.path.join(os.path.dirname(__file__), "..", "txl_io", "startup.py"))
     _startup = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_startup)
     _startup.quiet_tensorflow()

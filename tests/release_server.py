@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 from original_formats import CASES, tf_arrays, write_cache_pkl, write_tf_checkpoint
-from tf_records import releases
+from txl_keras import releases
 
 WORDS = ["<eos>", "<unk>", "the", "history", "of", "a", "city", "is", "long", "and", "old", "The"] + \
     [f"w{i}" for i in range(18)]  # 30 words: the "wt103" case

@@ -4,7 +4,7 @@ Build records with `python -m tf_records --dataset=NAME ...`; read them back wit
 `load_record_info` and `stream_dataset` / `distributed_dataset_fn`.
 """
 
-from tf_records import startup
+from txl_io import startup
 
 startup.quiet_tensorflow()  # before TensorFlow is first imported
 

@@ -14,7 +14,7 @@ import os
 
 from absl import app, flags
 
-from tf_records import program
+from txl_io import program
 from tf_records.build import build_records
 from tf_records.corpora import LOCAL_SPLIT_RULE
 
@@ -53,7 +53,7 @@ flags.DEFINE_string("encoding", "utf-8", "text: the files' encoding at char and 
 
 def pretrained_defaults():
     """The vocabulary of --pretrained, and its release's defaults for the flags not given."""
-    from tf_records import releases
+    from txl_keras import releases
     from tf_records.vocabulary import Vocabulary
 
     name = FLAGS.pretrained

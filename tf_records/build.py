@@ -3,7 +3,7 @@
 import json
 import os
 
-from tf_records import files
+from txl_io import files
 from tf_records.corpora import SPLITS, load_corpus
 from tf_records.download import download
 from tf_records.records import write_split

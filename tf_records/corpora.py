@@ -17,7 +17,7 @@ import zlib
 
 import numpy as np
 
-from tf_records import files
+from txl_io import files
 from tf_records.vocabulary import Vocabulary
 
 SPLITS = ("train", "valid", "test")

@@ -5,7 +5,7 @@ import re
 
 import tensorflow as tf
 
-from tf_records import files
+from txl_io import files
 from tf_records.records import FORMAT, record_info_path
 
 

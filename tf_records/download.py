@@ -6,7 +6,7 @@ import urllib.error
 import urllib.request
 import zipfile
 
-from tf_records import files
+from txl_io import files
 
 # What the original getdata.sh fetches. Each entry: (url, file name, unpack?).
 SOURCES = {

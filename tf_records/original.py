@@ -4,7 +4,7 @@ without running pickled code."""
 import io
 import pickle
 
-from tf_records import files
+from txl_io import files
 from tf_records.vocabulary import Vocabulary
 
 

@@ -17,7 +17,7 @@ import json
 import numpy as np
 import tensorflow as tf
 
-from tf_records import files
+from txl_io import files
 
 FORMAT = "txl_keras.records.v1"
 
@@ -79,7 +79,7 @@ def _check_ids(flat, split, vocab_size):
 
 
 def _write_host_file(path, rows, starts, tgt_len):
-    """One host's chunks, written whole (see tf_records.files); returns its byte size."""
+    """One host's chunks, written whole (see txl_io.files); returns its byte size."""
     files.check_free_space(path, 2 * rows.nbytes + (1 << 20), f"the records {files.basename(path)}")
     files.remove_leftovers(files.dirname(path) or ".", {files.basename(path)})
     with files.local_output(path) as tmp, files.reporting(path):

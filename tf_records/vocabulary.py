@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from tf_records import files
+from txl_io import files
 
 LEVELS = ("word", "char", "byte")
 FORMAT = "txl_keras.vocabulary.v1"

@@ -14,8 +14,11 @@ backend the layers get TensorFlow's replica id, dropout bits and whole-table dra
 
 import importlib
 
-from tf_records import startup  # the programs (python -m txl_keras.*) start quietly
-from txl_keras import tf_backend
+from txl_io import startup
+
+startup.quiet_tensorflow()  # the programs (python -m txl_keras.*) start quietly
+
+from txl_keras import tf_backend  # noqa: E402
 
 tf_backend.install()  # before TensorFlow makes its CPU device
 

@@ -25,8 +25,8 @@ import dataclasses
 import json
 import os
 
-from tf_records import files
-from tf_records.releases import RELEASES, converted_folder, download_folder, fetch, pretrained_url
+from txl_io import files
+from txl_keras.releases import RELEASES, converted_folder, download_folder, fetch, pretrained_url
 from tf_records.vocabulary import Vocabulary
 from txl_keras.models.config import PRESETS as ARCHITECTURES
 from txl_keras.models.config import TransformerXLConfig

@@ -32,7 +32,7 @@ import sys
 
 import numpy as np
 
-from tf_records import files
+from txl_io import files
 from txl_keras.models.config import TransformerXLConfig
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
 

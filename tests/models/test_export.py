@@ -20,6 +20,7 @@ LOADER = r"""
 import sys, json
 sys.modules["txl_keras"] = None  # prove the SavedModel needs no txl_keras code
 sys.modules["tf_records"] = None
+sys.modules["txl_io"] = None
 import numpy as np, tensorflow as tf
 path, data = sys.argv[1], np.load(sys.argv[2])
 loaded = tf.saved_model.load(path)
@@ -82,6 +83,7 @@ SERVER = r"""
 import sys, json
 sys.modules["txl_keras"] = None  # a server without txl_keras: text in, ids, memory, text out
 sys.modules["tf_records"] = None
+sys.modules["txl_io"] = None
 import tensorflow as tf
 loaded = tf.saved_model.load(sys.argv[1])
 out = {"ids": loaded.encode(tf.constant("alpha gamma beta"))["ids"].numpy().tolist()}
@@ -156,6 +158,7 @@ GENERATOR = r"""
 import sys, json
 sys.modules["txl_keras"] = None  # the whole generation runs in the SavedModel's graph
 sys.modules["tf_records"] = None
+sys.modules["txl_io"] = None
 import tensorflow as tf
 loaded = tf.saved_model.load(sys.argv[1])
 prompts = tf.constant(json.loads(sys.argv[2]))

@@ -12,7 +12,7 @@ import pytest
 from conftest import to_np
 from release_server import STAND_INS, WORDS, Quiet, serve
 
-from tf_records import releases
+from txl_keras import releases
 from txl_keras import TransformerXLCausalLM
 from txl_keras.convert import from_tf_checkpoint
 

@@ -19,7 +19,7 @@ from documents import DOCUMENTS, LANGUAGES, PROGRAMS, ROOT, blocks, commands, pr
 from original_formats import CASES, tf_arrays, write_cache_pkl, write_tf_checkpoint
 from release_server import serve
 
-from tf_records import releases
+from txl_keras import releases
 
 
 def test_every_block_is_fenced_with_a_known_language():
@@ -154,7 +154,7 @@ def quickstart_stand_in(cwd):
 
 
 # A Python without txl_keras: the SavedModel is all a server needs.
-WITHOUT_TXL_KERAS = "import sys\nsys.modules['txl_keras'] = None\nsys.modules['tf_records'] = None\n"
+WITHOUT_TXL_KERAS = "import sys\nsys.modules['txl_keras'] = None\nsys.modules['tf_records'] = None\nsys.modules['txl_io'] = None\n"
 
 
 @pytest.mark.slow

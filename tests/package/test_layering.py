@@ -1,7 +1,8 @@
 """The import rules of the package, read from the source (module level and inside
 functions): kernels <- layers <- models <- {tokenizers, samplers} <- run_folder <- {generate,
-convert} <- export <- presets <- tasks <- {training, command lines}, and tf_records a data
-package that knows nothing of the model."""
+convert} <- export <- presets <- tasks <- {training, command lines}; tf_records a data
+package that knows nothing of the model, and txl_io (storage, fetching, program start) beneath
+both."""
 
 import ast
 import json
@@ -14,10 +15,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # package (a prefix of module names) -> prefixes it must never import
 _ABOVE_LAYERS = ["txl_keras.models", "txl_keras.training", "txl_keras.export", "txl_keras.generate",
                  "txl_keras.convert", "txl_keras.run_folder", "txl_keras.presets", "txl_keras.tasks",
-                 "txl_keras.tokenizers", "tf_records"]
+                 "txl_keras.tokenizers", "txl_keras.releases", "tf_records", "txl_io"]
 _TASK_AND_PRESETS = ["txl_keras.presets", "txl_keras.tasks"]
 FORBIDDEN = {
     "tf_records": ["txl_keras"],
+    "txl_io": ["txl_keras", "tf_records"],
     "txl_keras.kernels": ["txl_keras.layers", "txl_keras.tf_backend"] + _ABOVE_LAYERS,
     "txl_keras.tf_backend": _ABOVE_LAYERS,
     "txl_keras.layers": ["txl_keras.models", "txl_keras.training", "txl_keras.export", "txl_keras.generate",
@@ -35,11 +37,13 @@ FORBIDDEN = {
                            "txl_keras.generate", "txl_keras.convert", "tf_records"] + _TASK_AND_PRESETS,
     "txl_keras.presets": ["txl_keras.training", "txl_keras.export", "txl_keras.generate", "txl_keras.tasks"],
     "txl_keras.tasks": ["txl_keras.training", "txl_keras.convert"],
+    "txl_keras.releases": ["txl_keras.models", "txl_keras.training", "txl_keras.export", "txl_keras.generate",
+                           "txl_keras.convert", "txl_keras.run_folder"] + _TASK_AND_PRESETS,
 }
 
 
 def modules():
-    for package in ("txl_keras", "tf_records"):
+    for package in ("txl_keras", "tf_records", "txl_io"):
         for folder, _, names in os.walk(os.path.join(ROOT, package)):
             for name in names:
                 if name.endswith(".py"):
@@ -96,7 +100,7 @@ from absl import flags
 keras_before = {m for m in sys.modules if m.split(".")[0] == "keras"}
 flags_before = set(flags.FLAGS)
 import tf_records
-import tf_records.files, tf_records.download
+import txl_io.files, tf_records.download
 data = {"keras": sorted({m for m in sys.modules if m.split(".")[0] == "keras"} - keras_before),
         "txl": sorted(m for m in sys.modules if m.startswith("txl_keras"))}
 import txl_keras

@@ -12,7 +12,7 @@ import sys
 import pytest
 from programs import in_process
 
-from tf_records import startup
+from txl_io import startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -98,7 +98,7 @@ print(json.dumps(dataclasses.asdict(cli.train_config(None))))
 
 @pytest.mark.parametrize("script", ["train_gpu.py", "train_tpu.py"])
 def test_help_groups_the_flags_and_shows_what_a_bare_command_uses(script):
-    from tf_records import program
+    from txl_io import program
     from txl_keras.training import TrainConfig
 
     result = in_process([sys.executable, os.path.join(ROOT, script), "--help"])

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_records import build_records, files, load_corpus_info, load_record_info, verify_records
+from tf_records import build_records, load_corpus_info, load_record_info, verify_records
+from txl_io import files
 from txl_keras import TransformerXLConfig, run_folder
 from txl_keras.export import export_saved_model
 from txl_keras.training import TrainConfig, Trainer

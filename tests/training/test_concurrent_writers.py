@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers import build, env, run, train_command
 
-from tf_records import files
+from txl_io import files
 from txl_keras import run_folder
 
 PY = sys.executable

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import build, make, snapshot
 
-from tf_records import files
+from txl_io import files
 from txl_keras import TransformerXLConfig, run_folder
 from txl_keras.models import sizes
 
@@ -155,13 +155,13 @@ def test_a_second_writer_of_a_folder_is_refused_and_a_dead_ones_lock_taken_over(
             with files.exclusive(folder, "The run folder"):
                 pass
         # (another process too)
-        other = subprocess.run([sys.executable, "-c", "import sys; from tf_records import files\n"
+        other = subprocess.run([sys.executable, "-c", "import sys; from txl_io import files\n"
                                 f"with files.exclusive({folder!r}, 'x'): pass"], capture_output=True, text=True,
                                env={**os.environ, "PYTHONPATH": os.getcwd()})
         assert other.returncode != 0 and "InUseError" in other.stderr
     assert not os.path.exists(os.path.join(folder, files.LOCK))  # released: gone
     # a holder killed while it held the lock leaves the file, which the next writer takes over
-    killed = subprocess.run([sys.executable, "-c", "import os; from tf_records import files\n"
+    killed = subprocess.run([sys.executable, "-c", "import os; from txl_io import files\n"
                              f"with files.exclusive({folder!r}, 'x'): os.kill(os.getpid(), 9)"],
                             capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert killed.returncode == -9 and os.path.exists(os.path.join(folder, files.LOCK))

@@ -22,7 +22,7 @@ import types
 
 import numpy as np
 
-from tf_records import files
+from txl_io import files
 from tf_records.original import ConversionError, load_cache_vocab  # noqa: F401 (part of this module's API)
 
 from txl_keras.models.config import TransformerXLConfig

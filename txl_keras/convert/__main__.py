@@ -12,7 +12,7 @@ leaves no partial folder, and the same command completes it.
 
 from absl import app, flags
 
-from tf_records import files, program
+from txl_io import files, program
 from txl_keras.convert import (ConversionError, from_pytorch_state_dict, from_tf_checkpoint,
                                load_cache_vocab, write_converted)
 from txl_keras.models.config import TransformerXLConfig

@@ -37,7 +37,7 @@ import json
 import keras
 import tensorflow as tf
 
-from tf_records import files
+from txl_io import files
 from txl_keras import generate as generation
 from txl_keras import samplers
 from txl_keras.layers.inference_cache import InferenceCache

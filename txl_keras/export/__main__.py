@@ -6,7 +6,7 @@
 
 from absl import app, flags
 
-from tf_records import files, program
+from txl_io import files, program
 from tf_records.vocabulary import Vocabulary
 from txl_keras.export import export_saved_model
 from txl_keras.run_folder import VOCAB, load_trained_model

@@ -14,7 +14,7 @@ escapes (`--stop="\n"`).
 
 from absl import app, flags
 
-from tf_records import program
+from txl_io import program
 from tf_records.vocabulary import Vocabulary
 from txl_keras import presets
 from txl_keras.models import TransformerXLLM

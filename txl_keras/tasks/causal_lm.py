@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tf_records import files
+from txl_io import files
 from txl_keras import generate as generation
 from txl_keras import presets as preset_resolver
 from txl_keras import samplers

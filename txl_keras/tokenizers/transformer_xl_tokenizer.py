@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_records import files
+from txl_io import files
 from tf_records.vocabulary import Vocabulary
 
 VOCAB_ASSET = "vocab.json"

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 from absl import app, flags
 
-from tf_records import files, program
+from txl_io import files, program
 from txl_keras.run_folder import READ_TRIES, list_checkpoints, weights_path
 
 

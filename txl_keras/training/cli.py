@@ -17,8 +17,8 @@ import sys
 
 from absl import flags
 
-from tf_records import files
-from tf_records.program import define
+from txl_io import files
+from txl_io.program import define
 from tf_records.build import VOCAB_FILE, build_records, default_records_dir, load_corpus_info
 from tf_records.records import record_info_path
 from tf_records.vocabulary import Vocabulary

@@ -21,7 +21,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_records import distributed_dataset_fn, files, load_record_info, verify_records
+from tf_records import distributed_dataset_fn, load_record_info, verify_records
+from txl_io import files
 from tf_records.build import VOCAB_FILE
 from txl_keras import run_folder
 from txl_keras.layers.memory_cache import MemoryCache

@@ -19,7 +19,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from tf_records import files
+from txl_io import files
 from tf_records.original import load_cache_vocab
 
 DEFAULT_URL = "http://curtis.ml.cmu.edu/datasets/pretrained_xl"

@@ -13,9 +13,13 @@ defined with); `--helpfull` is absl's full list.
 import logging as std_logging
 import sys
 
-from absl import app, flags, logging
+from txl_io import startup
 
-from tf_records.files import StorageError
+startup.quiet_tensorflow()  # a program starts without TensorFlow's start-up notices
+
+from absl import app, flags, logging  # noqa: E402
+
+from txl_io.files import StorageError  # noqa: E402
 
 # What a user can fix from the message alone; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, StorageError)
