@@ -2,11 +2,11 @@
 
 import os
 import tarfile
-import urllib.error
-import urllib.request
 import zipfile
+import zlib
 
 from txl_io import files
+from txl_io.fetch import fetch
 
 # What the original getdata.sh fetches. Each entry: (url, file name, unpack?).
 SOURCES = {
@@ -32,25 +32,8 @@ MEMBERS = {
 EXPECTED_SIZE = {"enwik8": 100_000_000, "text8": 100_000_000}
 
 
-def fetch(url, path, timeout=30):
-    """Download `url` to `path` atomically, with a clear error when offline."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, files.local_output(path) as tmp:
-            with open(tmp, "wb") as out:
-                while True:
-                    chunk = response.read(1 << 20)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-    except (urllib.error.URLError, OSError) as e:
-        raise RuntimeError(
-            f"Could not download {url} ({getattr(e, 'reason', e)}). The network is not reachable "
-            f"from here: download it on a connected machine and copy it to {path}, then run "
-            "again without --download."
-        ) from None
-
-
-def _verify(dataset, path, source):
+def check_archive(dataset, path):
+    """Raise ValueError naming what is wrong when `path` is not the archive of `dataset` it must be."""
     if path.endswith(".zip"):
         try:
             with zipfile.ZipFile(path) as archive:
@@ -61,16 +44,14 @@ def _verify(dataset, path, source):
                     size = archive.getinfo(dataset).file_size
                     if size != EXPECTED_SIZE[dataset]:
                         raise ValueError(f"{dataset} has {size} bytes, expected {EXPECTED_SIZE[dataset]}")
-        except (zipfile.BadZipFile, KeyError, ValueError) as e:
-            files.remove_file(source)
-            raise ValueError(f"The download {source} failed verification ({e}); it was removed, try again.") from None
+        except (zipfile.BadZipFile, KeyError) as e:
+            raise ValueError(f"not the zip archive of {dataset} ({e})") from None
     elif path.endswith((".tgz", ".tar.gz")):
         try:
             with tarfile.open(path) as archive:
                 archive.getmembers()
-        except tarfile.TarError as e:
-            files.remove_file(source)
-            raise ValueError(f"The download {source} failed verification ({e}); it was removed, try again.") from None
+        except (tarfile.TarError, EOFError, zlib.error) as e:
+            raise ValueError(f"not the tar archive of {dataset} ({e})") from None
 
 
 def _unpack(dataset, path, data_dir):
@@ -97,16 +78,16 @@ def _unpack(dataset, path, data_dir):
 
 
 def download(dataset, data_dir, timeout=30, log=print):
-    """Fetch, verify and unpack the raw files of a dataset into data_dir."""
+    """Fetch (`txl_io.fetch`: resumed, checked, fetched again once if damaged) and unpack
+    the raw files of a dataset into data_dir (a local folder)."""
     if dataset not in SOURCES:
         raise ValueError(f"No download source for {dataset!r}; sources exist for {sorted(SOURCES)}.")
+    if not files.is_local(data_dir):
+        raise ValueError(f"--download writes into a local --data_dir, not {data_dir}; download locally, then copy.")
     files.makedirs(data_dir)
     for url, name, unpack in SOURCES[dataset]:
         path = files.join(data_dir, name)
-        if not files.exists(path):
-            log(f"downloading {url}")
-            fetch(url, path, timeout)
-        with files.local_input(path) as local:
-            _verify(dataset, local, path)
-            if unpack:
-                _unpack(dataset, local, data_dir)
+        fetch(url, path, check=lambda local: check_archive(dataset, local), log=log, timeout=timeout,
+              hint=f"Download it on a connected machine and copy it to {path}, then run again.")
+        if unpack:
+            _unpack(dataset, path, data_dir)

@@ -4,17 +4,26 @@ One resolver for the text task (`TransformerXLCausalLM.from_preset`), the traine
 `--init_from` and `--pretrained`, and generation. It knows files and layouts, not the task:
 
 - a released model's name (`RELEASES`, e.g. "transfo_xl_wt103": the paper's trained
-  weights): downloaded on first use, converted once into the cache
-  (`$KERAS_HOME/txl_keras/pretrained/<name>`, `~/.keras` without `KERAS_HOME`;
-  `cache_dir=` overrides; `TXL_KERAS_PRETRAINED_URL` or `url=` names a mirror), then read
-  offline; the downloaded files are deleted after the conversion;
+  weights): downloaded on first use (each file checked, see `txl_keras.releases`),
+  converted once into the cache (`$KERAS_HOME/txl_keras/pretrained/<name>`, `~/.keras`
+  without `KERAS_HOME`; `cache_dir=` overrides; `TXL_KERAS_PRETRAINED_URL` or `url=` names
+  a mirror), then read offline; the downloaded files are deleted after the conversion;
 - a run folder (`train_gpu.py`'s `--model_dir`) or a converted folder
   (`python -m txl_keras.convert`): `config.json`, checkpoints, `vocab.json`;
 - a preset folder written by `TransformerXLCausalLM.save_to_preset`: `config.json` (the
   serialized `TransformerXLLM`), `metadata.json`, `model.weights.h5`, `tokenizer.json`
   and `assets/tokenizer/vocab.json`;
-- a local folder in the release layout (`model/model.ckpt-N*`, `data/cache.pkl`),
-  converted into the cache.
+- a local folder in the release layout (`model/<checkpoint>.index`, `.data-*`,
+  `data/cache.pkl`), converted into the cache: the checkpoint is the one `model/checkpoint`
+  names (else the only one there), the corpus the one its folder's name and its
+  `cache.pkl` agree on.
+
+A cache entry records what it was converted from (`cache-entry.json`: the release's name,
+or a local folder's resolved path and its files' sizes and modification times) and the
+size of every file it holds. An entry that is missing a file, damaged, or converted from
+files that have changed since is converted again by the next call (one warning line);
+`force_download=True` fetches and converts it again in any case. A local folder's entry is
+named by a digest of its resolved path, so two folders never share one.
 
 The names in `txl_keras.models.PRESETS` ("wt103_base", "tiny", ...) are architectures
 with random weights and no vocabulary; they are not presets of trained models, and
@@ -22,17 +31,22 @@ with random weights and no vocabulary; they are not presets of trained models, a
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 
+from tf_records.original import load_cache_vocab
 from txl_io import files
-from txl_keras.releases import RELEASES, converted_folder, download_folder, fetch, pretrained_url
+from txl_io.fetch import warn
+from txl_keras.releases import (RELEASES, check_file, checkpoint_name, converted_folder,
+                                download_folder, fetch_file)
 from tf_records.vocabulary import Vocabulary
 from txl_keras.models.config import PRESETS as ARCHITECTURES
 from txl_keras.models.config import TransformerXLConfig
 from txl_keras.run_folder import CONFIG, VOCAB, RunFolderError, latest_checkpoint, require_config
 
 METADATA = "metadata.json"
+CACHE_ENTRY = "cache-entry.json"
 WEIGHTS = "model.weights.h5"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
@@ -71,19 +85,20 @@ def presets():
             for name, r in RELEASES.items()}
 
 
-def resolve(preset, url=None, cache_dir=None, log=None):
+def resolve(preset, url=None, cache_dir=None, log=None, force_download=False):
     """The `Preset` of a name or folder (see the module docstring)."""
     if not isinstance(preset, str) or not preset.strip():
         raise ValueError(f"Expected `preset` to be a name or the path of a folder. Received: preset={preset!r}")
     if preset in RELEASES:
         converted = converted_folder(preset, cache_dir)
-        if not files.exists(files.join(converted, CONFIG)):
-            fetch_and_convert(preset, converted, url, cache_dir, log)
+        _cache_entry(converted, {"release": preset}, force_download,
+                     lambda: fetch_and_convert(preset, converted, url, cache_dir, log, force_download))
         return _run_folder_preset(preset, "release", converted)
     if preset in ARCHITECTURES:
         raise ValueError(f"{preset!r} is an architecture (random weights, no vocabulary), not a trained model: "
                          f"TransformerXLLM.from_preset({preset!r}) builds it untrained. Trained models: "
                          f"{', '.join(sorted(RELEASES))}, or the folder of a run, a conversion or a saved preset.")
+    preset = os.path.expanduser(preset)
     if not files.isdir(preset):
         raise RunFolderError(f"No run folder at {preset}: give a released model's name ({', '.join(sorted(RELEASES))}) "
                              "or the path of a run, converted or preset folder.")
@@ -91,15 +106,14 @@ def resolve(preset, url=None, cache_dir=None, log=None):
         return _preset_folder(preset)
     if files.exists(files.join(preset, CONFIG)):
         return _run_folder_preset(preset, "run folder", preset)
-    release = _release_of_folder(preset) if files.isdir(files.join(preset, "model")) else None
-    if release is None:
+    if not files.isdir(files.join(preset, "model")):
         raise ValueError(f"{preset!r} is neither a released model ({', '.join(sorted(RELEASES))}), a run or "
                          "converted folder (config.json), a preset folder (metadata.json, tokenizer.json) nor a "
                          "folder in the release layout (model/model.ckpt-N, data/cache.pkl).")
-    name, settings = release
-    converted = converted_folder(f"local-{_slug(preset)}", cache_dir)
-    if not files.exists(files.join(converted, CONFIG)):
-        convert_release(preset, settings, converted)
+    release, prefix = release_of_folder(preset)
+    converted = converted_folder(local_entry_name(preset), cache_dir)
+    _cache_entry(converted, _local_source(preset, prefix), force_download,
+                 lambda: convert_release(prefix, files.join(preset, "data", "cache.pkl"), release, converted))
     return _run_folder_preset(preset, "release", converted)
 
 
@@ -125,33 +139,130 @@ def _preset_folder(folder):
                   vocab if files.exists(vocab) else None)
 
 
-def _slug(path):
-    return "".join(c if c.isalnum() else "_" for c in os.path.abspath(path).strip("/"))[-100:]
+def local_entry_name(folder):
+    """The cache entry of a local release folder: its name, then a digest of its resolved path."""
+    resolved = os.path.realpath(folder)
+    readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(resolved))[:40]
+    return f"local-{readable}-{hashlib.sha256(resolved.encode('utf-8', 'surrogateescape')).hexdigest()[:32]}"
 
 
-def _release_of_folder(folder):
-    """`(name, Release)` of a local folder in the release layout (its model.ckpt-N), else None."""
-    index = [n for n in files.listdir(files.join(folder, "model")) if n.endswith(".index")]
-    if not index or not files.exists(files.join(folder, "data", "cache.pkl")):
-        return None
-    step = int(index[0][len("model.ckpt-"):-len(".index")])
+def release_of_folder(folder):
+    """`(Release, checkpoint prefix)` of a local folder in the release layout: the checkpoint
+    `model/checkpoint` names (else the only one), the release its folder's name and its
+    `cache.pkl` agree on; a ValueError saying which is which otherwise."""
+    model = files.join(folder, "model")
+    pointer = files.join(model, "checkpoint")
+    if files.exists(pointer):
+        name = checkpoint_name(pointer)
+        if not files.exists(files.join(model, name + ".index")):
+            raise ValueError(f"{pointer} names the checkpoint {name}, but {model} holds no {name}.index.")
+    else:
+        names = sorted(n[: -len(".index")] for n in files.listdir(model) if n.endswith(".index"))
+        if len(names) != 1:
+            found = ", ".join(names) or "none"
+            raise ValueError(f"{model} holds {len(names)} checkpoints ({found}) and no checkpoint file naming one: "
+                             "write model/checkpoint (model_checkpoint_path: \"NAME\") or keep only one.")
+        name = names[0]
+    cache = files.join(folder, "data", "cache.pkl")
+    if not files.exists(cache):
+        raise ValueError(f"{folder} is in the release layout but has no data/cache.pkl (its vocabulary).")
+    _, dataset = load_cache_vocab(cache)
     base = files.basename(folder.rstrip("/"))
-    for name, release in RELEASES.items():
-        if base == release.folder or base == release.folder.replace("enwiki8", "enwik8"):
-            return name, dataclasses.replace(release, step=step)
-    raise ValueError(f"{folder} is in the release layout but its name {base!r} is none of "
-                     f"{sorted(r.folder for r in RELEASES.values())}: its evaluation settings are unknown.")
+    by_name = [r for r in RELEASES.values() if base in (r.folder, r.folder.replace("enwiki8", "enwik8"))]
+    by_corpus = [r for r in RELEASES.values() if r.dataset == dataset]
+    if by_name and dataset is not None and by_name[0].dataset != dataset:
+        raise ValueError(f"{folder} is named as the {by_name[0].dataset} release but its data/cache.pkl is the "
+                         f"vocabulary of the {dataset} corpus: rename the folder tf_{dataset} (or fix its data/).")
+    release = (by_name or by_corpus or [None])[0]
+    if release is None:
+        raise ValueError(f"{folder} is in the release layout but neither its name {base!r} nor its cache.pkl names "
+                         f"a released corpus ({sorted(r.folder for r in RELEASES.values())}): its evaluation "
+                         "settings are unknown.")
+    info = files.join(folder, "data", "corpus-info.json")
+    if files.exists(info):
+        check_file(release, "data/corpus-info.json", info)
+    step = int(name.rsplit("-", 1)[1]) if name.rsplit("-", 1)[-1].isdigit() else release.step
+    return dataclasses.replace(release, step=step), files.join(model, name)
 
 
-def fetch_and_convert(name, converted, url=None, cache_dir=None, log=None):
-    """Download release `name` into the cache, convert it into `converted`, delete the download."""
+def _local_source(folder, prefix):
+    """What a local release folder's conversion is made of: its path and its files' sizes and times."""
+    model = files.dirname(prefix)
+    used = [prefix + ".index"] + [files.join(model, n) for n in files.listdir(model)
+                                  if n.startswith(files.basename(prefix) + ".data-")]
+    used += [files.join(folder, "data", n) for n in ("cache.pkl", "corpus-info.json")]
+    used += [files.join(model, "checkpoint")]
+    stamps = {}
+    for path in used:
+        if files.exists(path):
+            stat = os.stat(path) if files.is_local(path) else None
+            stamps[os.path.relpath(path, folder)] = [files.size(path), stat.st_mtime_ns if stat else None]
+    return {"folder": os.path.realpath(folder), "files": stamps}
+
+
+def _cache_entry(converted, source, force, build):
+    """Make `converted` (a cache entry) by `build()` unless it is whole and made from `source`."""
+    locks = files.join(files.dirname(files.dirname(converted)), "locks")
+    with files.exclusive(files.join(locks, files.basename(converted)), f"The cache entry {converted}"):
+        problem = "is converted again (force_download=True)" if force else _entry_problem(converted, source)
+        if problem is None:
+            return
+        if files.exists(converted):
+            warn(f"the cache entry {converted} {problem}; converting it again")
+            remove_cache_entry(converted)
+        build()
+        held = {os.path.relpath(os.path.join(d, f), converted): files.size(os.path.join(d, f))
+                for d, _, found in files.walk(converted) for f in found}
+        files.atomic_write(files.join(converted, CACHE_ENTRY), json.dumps({"source": source, "files": held}))
+
+
+def _entry_problem(converted, source):
+    """None when the cache entry `converted` is whole and made from `source`; else what is wrong."""
+    if not files.exists(converted):
+        return "is missing"
+    try:
+        entry = json.loads(files.read_text(files.join(converted, CACHE_ENTRY)))
+        held = entry["files"]
+        recorded = entry["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"has no readable {CACHE_ENTRY} (an interrupted or damaged conversion)"
+    for name, size in held.items():
+        path = files.join(converted, name)
+        if not files.exists(path) or files.size(path) != size:
+            return f"lost or damaged {name}"
+    if recorded != source:
+        return "was converted from files that have changed since"
+    return None
+
+
+def remove_cache_entry(converted):
+    """Delete a cache entry (a folder this module wrote under the cache root); a link is removed as a link."""
+    if files.is_local(converted) and os.path.islink(converted):
+        os.remove(converted)
+        return
+    import shutil
+
+    if files.is_local(converted):
+        shutil.rmtree(converted)  # (never follows a link inside)
+    else:
+        from tensorflow.io import gfile
+
+        gfile.rmtree(converted)
+
+
+def fetch_and_convert(name, converted, url=None, cache_dir=None, log=None, force_download=False):
+    """Download release `name` into the cache (each file checked), convert it into
+    `converted`, delete the download."""
     release = RELEASES[name]
-    base = pretrained_url(url)
     download = download_folder(name, cache_dir)
     with files.exclusive(download, f"The download of {name}"):
+        if force_download:
+            for relative in release.files:
+                files.remove_file(files.join(download, relative))
         for relative in release.files:
-            fetch(f"{base}/{release.folder}/{relative}", files.join(download, relative), log)
-        convert_release(download, release, converted)
+            fetch_file(name, relative, download, url, log)
+        prefix = files.join(download, "model", f"model.ckpt-{release.step}")
+        convert_release(prefix, files.join(download, "data", "cache.pkl"), release, converted)
         for relative in release.files:
             files.remove_file(files.join(download, relative))
     for folder in ("model", "data", ""):
@@ -160,12 +271,12 @@ def fetch_and_convert(name, converted, url=None, cache_dir=None, log=None):
             files.remove_folder(path, ())
 
 
-def convert_release(folder, release, converted):
-    """Convert a folder in the release layout into the run folder `converted`."""
-    from txl_keras.convert import from_tf_checkpoint, load_cache_vocab, write_converted
+def convert_release(prefix, cache_pkl, release, converted):
+    """Convert the checkpoint at `prefix` and its `cache.pkl` (a release's files) into the
+    run folder `converted`, with the release's evaluation settings."""
+    from txl_keras.convert import from_tf_checkpoint, write_converted
 
-    vocab, dataset = load_cache_vocab(files.join(folder, "data", "cache.pkl"))
-    model = from_tf_checkpoint(files.join(folder, "model", f"model.ckpt-{release.step}"), tgt_len=release.tgt_len,
-                               mem_len=release.mem_len, clamp_len=release.clamp_len,
-                               same_length=release.same_length)
+    vocab, dataset = load_cache_vocab(cache_pkl)
+    model = from_tf_checkpoint(prefix, tgt_len=release.tgt_len, mem_len=release.mem_len,
+                               clamp_len=release.clamp_len, same_length=release.same_length)
     write_converted(converted, model, vocab, dataset)

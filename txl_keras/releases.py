@@ -6,25 +6,25 @@ The authors released four TensorFlow checkpoints with their vocabularies
 model.ckpt-N.data-00000-of-00001}` and `tf_<name>/data/{cache.pkl, corpus-info.json}`).
 `TXL_KERAS_PRETRAINED_URL` (or `url=`) names a mirror with the same layout.
 
-`fetch` writes each file into `<name>.partial` beside its destination, resumes it with an
-HTTP range request when the server allows it (else fetches it again), checks it against
-the size the server announced, and only then renames it: an interrupted download never
-leaves a file that reads as complete.
+Each file is fetched by `txl_io.fetch` (resumed only when the server confirms the same
+file, renamed into place last) and checked by what it must be (`check_file`): the
+checkpoint read as a TensorFlow checkpoint holding a release's variables, every value
+against its checksum; `cache.pkl` by the safe reader, of the release's corpus;
+`corpus-info.json` and `model/checkpoint` parsed. A file that fails is moved aside and
+fetched again once.
 """
 
 import dataclasses
-import http.client
+import json
 import os
-import sys
-import urllib.error
-import urllib.request
+import re
 
-from txl_io import files
 from tf_records.original import load_cache_vocab
+from txl_io import files
+from txl_io.fetch import DownloadError, fetch  # noqa: F401 (releases.DownloadError is part of the API)
 
 DEFAULT_URL = "http://curtis.ml.cmu.edu/datasets/pretrained_xl"
 URL_VARIABLE = "TXL_KERAS_PRETRAINED_URL"
-CHUNK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +54,6 @@ RELEASES = {
     "transfo_xl_text8": Release("tf_text8", "text8", 0, 128, 3800, 1000, "text8 test 1.08 bits per character"),
     "transfo_xl_lm1b": Release("tf_lm1b", "lm1b", 1191000, 32, 128, -1, "One Billion Word test perplexity 21.8"),
 }
-
-
-class DownloadError(OSError):
-    """A release that cannot be fetched; the message names the URL and the way out."""
 
 
 def pretrained_url(url=None):
@@ -93,71 +89,94 @@ def release_vocabulary(name, url=None, cache_dir=None, log=None):
     converted = files.join(converted_folder(name, cache_dir), "vocab.json")
     if files.exists(converted):
         return Vocabulary.load(converted)
-    path = files.join(download_folder(name, cache_dir), "data", "cache.pkl")
-    fetch(f"{pretrained_url(url)}/{RELEASES[name].folder}/data/cache.pkl", path, log)
+    path = fetch_file(name, "data/cache.pkl", download_folder(name, cache_dir), url, log)
     return load_cache_vocab(path)[0]
 
 
-def fetch(url, path, log=None):
-    """Download `url` to `path` (see the module docstring): resumed or restarted, checked,
-    renamed into place last. Unreachable: a DownloadError naming the URL."""
-    if files.exists(path):
-        return path
-    partial = path + ".partial"
-    files.makedirs(files.dirname(path))
-    error = "the file arrived incomplete"
-    for _ in range(3):  # a dropped connection is resumed (or restarted) twice
-        try:
-            if _fetch_into(url, partial, log):
-                files.rename(partial, path)
-                return path
-        except (OSError, http.client.HTTPException) as e:  # (URLError is an OSError)
-            error = e
-            if isinstance(e, urllib.error.HTTPError) and e.code in (403, 404):
-                break
-    reason = getattr(error, "reason", None) or error
-    raise DownloadError(
-        f"Cannot download {url} ({reason}). Check the network, or point {URL_VARIABLE} (or url=) at a mirror of "
-        f"{DEFAULT_URL}, or pass the path of a local copy in the release layout "
-        "(tf_<name>/model/..., tf_<name>/data/...).") from None
+def fetch_file(name, relative, folder, url=None, log=None):
+    """Release `name`'s file `relative` (e.g. "data/cache.pkl") in `folder`, downloaded from
+    the mirror if absent and checked (`check_file`); its path."""
+    base = pretrained_url(url)
+    return fetch(f"{base}/{RELEASES[name].folder}/{relative}", files.join(folder, relative),
+                 check=lambda path: check_file(RELEASES[name], relative, path), log=log,
+                 hint=f"Check the network, or point {URL_VARIABLE} (or url=) at a mirror of {DEFAULT_URL}, or pass "
+                      "the path of a local copy in the release layout (tf_<name>/model/..., tf_<name>/data/...).")
 
 
-def _fetch_into(url, partial, log):
-    """Append the rest of `url` to `partial`; True once it holds the whole file."""
-    have = os.path.getsize(partial) if os.path.exists(partial) else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        if have and response.status != 206:  # no range support: from the start
-            have = 0
-        length = response.headers.get("Content-Length")
-        total = have + int(length) if length is not None else None
-        report = _progress(url, total, log)
-        with open(partial, "ab" if have else "wb") as f:
-            while True:
-                chunk = response.read(CHUNK)
-                if not chunk:
-                    break
-                f.write(chunk)
-                have += len(chunk)
-                report(have)
-    return total is None or have == total
+# -- what each file of a release must be ---------------------------------------------------------
+
+# Variables every released checkpoint holds (the rest follows from them at conversion).
+REQUIRED_VARIABLES = ("transformer/r_w_bias", "transformer/layer_0/rel_attn/qkv/kernel")
+OPTIMIZER_VARIABLE = re.compile(r"(/Adam(_1)?$|^global_step$|^beta[12]_power$)")
 
 
-def _progress(url, total, log):
-    """A progress bar on a terminal; otherwise a line at every 10% (to `log`)."""
-    name = url.rsplit("/", 1)[-1]
-    if total and sys.stderr.isatty():
-        import keras
+def check_file(release, relative, path):
+    """Raise ValueError naming what is wrong when `path` is not the file `relative` of
+    `release` must be (see the module docstring)."""
+    if relative == "data/cache.pkl":
+        _, dataset = load_cache_vocab(path)
+        if dataset is not None and dataset != release.dataset:
+            raise ValueError(f"its cache.pkl is the vocabulary of the {dataset} corpus, where {release.folder} is "
+                             f"the {release.dataset} model")
+    elif relative == "data/corpus-info.json":
+        info = _json(path)
+        if info.get("dataset") not in (None, release.dataset):
+            raise ValueError(f"its corpus-info.json names the {info['dataset']} corpus, where {release.folder} is "
+                             f"the {release.dataset} model")
+    elif relative == "model/checkpoint":
+        checkpoint_name(path)
+    elif relative.endswith(".index"):
+        _checkpoint_reader(path[: -len(".index")])
+    elif ".data-" in relative:
+        check_checkpoint_values(path[: path.index(".data-")])
 
-        bar = keras.utils.Progbar(total, unit_name="byte")
-        return lambda done: bar.update(done)
-    say = log or (lambda text: print(text, file=sys.stderr, flush=True))
-    marks = {max(1, total * k // 10) for k in range(1, 11)} if total else set()
-    shown = set()
 
-    def report(done):
-        for mark in sorted(m for m in marks if m <= done and m not in shown):
-            shown.add(mark)
-            say(f"downloading {name}: {100 * mark // total}% of {total / 1e6:,.1f} MB")
+def checkpoint_name(path):
+    """The checkpoint a `checkpoint` file (TensorFlow's text format) names, e.g. "model.ckpt-0"."""
+    try:
+        text = files.read_text(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not text") from None
+    found = re.search(r'^model_checkpoint_path:\s*"([^"\n]+)"', text, re.MULTILINE)
+    if found is None:
+        raise ValueError(f"{path} names no model_checkpoint_path (TensorFlow's checkpoint file)")
+    name = found.group(1).replace("\\", "/").rsplit("/", 1)[-1]
+    if not re.fullmatch(r"[\w.+-]+", name) or name in (".", ".."):
+        raise ValueError(f"{path} names the checkpoint {found.group(1)!r}, which is not a file name")
+    return name
 
-    return report
+
+def check_checkpoint_values(prefix):
+    """Read every model variable of the checkpoint at `prefix` (each against its checksum)."""
+    reader = _checkpoint_reader(prefix)
+    for name in reader.get_variable_to_shape_map():
+        if not OPTIMIZER_VARIABLE.search(name):
+            try:
+                reader.get_tensor(name)
+            except Exception as e:  # OpError (checksum, missing file), IndexError (a short file)
+                raise ValueError(f"{prefix}.data-*: {name} cannot be read ({str(e).splitlines()[0]})") from None
+
+
+def _checkpoint_reader(prefix):
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except Exception as e:  # OpError: not an index at all
+        raise ValueError(f"{prefix}.index is not a TensorFlow checkpoint index ({str(e).splitlines()[0]})") from None
+    missing = [name for name in REQUIRED_VARIABLES if not reader.has_tensor(name)]
+    if missing:
+        raise ValueError(f"the checkpoint {prefix} holds no {', '.join(missing)}: not a released Transformer-XL")
+    return reader
+
+
+def _json(path):
+    try:
+        value = json.loads(files.read_text(path))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a {type(value).__name__}, not an object")
+    return value
+
+

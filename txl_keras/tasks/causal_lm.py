@@ -15,7 +15,7 @@ from txl_keras import presets as preset_resolver
 from txl_keras import samplers
 from txl_keras.layers import MemoryCache
 from txl_keras.models import TransformerXLLM, sizes
-from txl_keras.run_folder import load_trained_model, load_weights, save_weights
+from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights, save_weights
 from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from txl_keras.tasks.perplexity import Perplexity
 from txl_keras.tasks.schedule import WarmupCosine
@@ -111,20 +111,29 @@ class TransformerXLCausalLM(keras.Model):
     presets = preset_resolver.presets()
 
     @classmethod
-    def from_preset(cls, preset, dtype=None, url=None, cache_dir=None):
+    def from_preset(cls, preset, dtype=None, url=None, cache_dir=None, force_download=False):
         """The task of a released model's name (`presets`: downloaded and converted on
         first use), a run folder, a converted folder, a folder saved by
         `save_to_preset`, or a local folder in the release layout; `dtype` a dtype
-        policy such as "mixed_bfloat16". Architecture presets ("wt103_base", ...) have no
-        trained weights or vocabulary: `TransformerXLLM.from_preset` builds those."""
-        found = preset_resolver.resolve(preset, url=url, cache_dir=cache_dir)
+        policy such as "mixed_bfloat16". A released model's cache entry that is damaged
+        is converted again by the next call; `force_download=True` fetches and converts
+        it again in any case. Architecture presets ("wt103_base", ...) have no trained
+        weights or vocabulary: `TransformerXLLM.from_preset` builds those."""
+        found = preset_resolver.resolve(preset, url=url, cache_dir=cache_dir, force_download=force_download)
         vocabulary = found.load_vocabulary()
         kwargs = {} if dtype is None else {"dtype": dtype}
-        if found.kind == "preset folder":
-            model = TransformerXLLM(found.config, **kwargs)
-            load_weights(model, found.weights)
-        else:
-            model = load_trained_model(found.folder, **kwargs)
+        try:
+            if found.kind == "preset folder":
+                model = TransformerXLLM(found.config, **kwargs)
+                load_weights(model, found.weights)
+            else:
+                model = load_trained_model(found.folder, **kwargs)
+        except (OSError, ValueError) as e:
+            if found.kind != "release":
+                raise
+            raise RunFolderError(f"The cache entry {found.folder} cannot be loaded ({' '.join(str(e).split())}); "
+                                 "from_preset(..., force_download=True) converts it again, or delete that "
+                                 "folder.") from None
         tokenizer = TransformerXLTokenizer(vocabulary)
         return cls(model, TransformerXLCausalLMPreprocessor(tokenizer, model.config.tgt_len))
 
