@@ -34,7 +34,8 @@ flags.DEFINE_integer("num_passes", 1, "Rotated copies of the training data (the 
                      lower_bound=1)
 flags.DEFINE_integer("num_shuffle", 4, "lm1b: shuffles of each training shard.", lower_bound=1)
 flags.DEFINE_bool("download", False, "Fetch the raw corpus first (needs the network).")
-flags.DEFINE_string("text", None, f"--dataset=text: a file, folder or glob. Split rule: {LOCAL_SPLIT_RULE}.")
+flags.DEFINE_string("text", None, f"Your files: a file, folder or glob (--dataset=text, which --text alone "
+                    f"implies). Split rule: {LOCAL_SPLIT_RULE}.")
 flags.DEFINE_enum("level", None, ["byte", "char", "word"], "Token level of text/stdlib/tfds corpora.")
 flags.DEFINE_bool("lower_case", False, "Lower-case text/tfds corpora.")
 flags.DEFINE_integer("min_freq", 1, "Word level: rarer words become <unk>.", lower_bound=1)
@@ -71,6 +72,12 @@ def pretrained_defaults():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if FLAGS.text is not None:
+        if not FLAGS["dataset"].present:
+            FLAGS.dataset = "text"
+        elif FLAGS.dataset != "text":
+            raise app.UsageError(f"--text reads your files, which is --dataset=text, not --dataset={FLAGS.dataset}; "
+                                 "drop one of the two.")
     if FLAGS.pretrained and FLAGS.vocab:
         raise app.UsageError("Give --pretrained or --vocab, not both (--pretrained encodes with its vocabulary).")
     given_vocab = pretrained_defaults() if FLAGS.pretrained else None

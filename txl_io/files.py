@@ -56,7 +56,11 @@ def join(path, *parts):
 
 
 def dirname(path):
-    return os.path.dirname(path) if is_local(path) else posixpath.dirname(path.rstrip("/"))
+    """The folder holding `path`; of a URL's top level ("ram://exp") its root ("ram://")."""
+    if is_local(path):
+        return os.path.dirname(path)
+    head = posixpath.dirname(path.rstrip("/"))
+    return head + "//" if head.endswith(":") else head
 
 
 def basename(path):

@@ -11,6 +11,9 @@ defined with); `--helpfull` is absl's full list.
 """
 
 import logging as std_logging
+import math
+import os
+import re
 import sys
 
 from txl_io import startup
@@ -87,7 +90,33 @@ def _parse_flags(argv):
         print(grouped_help(sys.modules["__main__"].__doc__))
         sys.exit(0)
     try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
+        rest = flags.FLAGS(argv)
+        check_flag_values(flags.FLAGS)
+        return rest
+    except (flags.Error, app.UsageError) as e:
         sys.stderr.write(f"error: {_one_line(e)} (see --help)\n")
         sys.exit(2)
+
+
+# Flags whose value is a path (or a name that may be one): `~` is expanded, a URL missing its `//` refused.
+PATH_FLAGS = ("cache_pkl", "checkpoint", "config", "config_json", "corpus_info_path", "data_dir", "eval_ckpt_path",
+              "init_from", "model_dir", "output", "pretrained", "pytorch_state_dict", "records_dir", "text",
+              "tf_checkpoint", "tfds_data_dir", "vocab", "warm_start_path")
+# A local path starting like this was meant as a URL: `gs:bucket/run` would make a local folder `gs:bucket`.
+_URL_WITHOUT_SLASHES = re.compile(r"^(gs|s3|hdfs|ram|file|http|https|az|abfs|abfss|viewfs):(?!//)")
+
+
+def check_flag_values(values):
+    """Every float flag finite, every path flag with `~` expanded and no URL missing its `//`."""
+    for name in values:
+        flag = values[name]
+        value = flag.value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise app.UsageError(f"--{name}={value} is not a finite number; give a finite value.")
+        if name in PATH_FLAGS and isinstance(value, str):
+            if _URL_WITHOUT_SLASHES.match(value):
+                scheme, rest = value.split(":", 1)
+                raise app.UsageError(f"--{name}={value} looks like a URL missing its '//': did you mean "
+                                     f"{scheme}://{rest.lstrip('/')}?")
+            if value == "~" or value.startswith("~/"):
+                flag.value = os.path.expanduser(value)

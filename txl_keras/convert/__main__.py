@@ -55,6 +55,9 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if not FLAGS.output or not (FLAGS.tf_checkpoint or FLAGS.pytorch_state_dict):
         raise app.UsageError("--output and one of --tf_checkpoint / --pytorch_state_dict are required.")
+    if FLAGS.tf_checkpoint and FLAGS.pytorch_state_dict:
+        raise app.UsageError("--tf_checkpoint and --pytorch_state_dict both name the weights to convert; give one "
+                             "(one source at a time).")
     if files.listdir(FLAGS.output):
         raise app.UsageError(f"--output={FLAGS.output} is not empty (it may hold a training run); "
                              "convert into a new folder, nothing is overwritten.")

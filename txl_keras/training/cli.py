@@ -70,7 +70,8 @@ def define_flags():
     define("string", "dataset", None, "Corpus to build records from when --data_dir is not given (see python -m "
            f"tf_records; default: the run preset's, {quickstart['dataset']} for the bare command, which needs no "
            "download).", "data")
-    define("string", "text", None, "--dataset=text: your files (a file, a folder or a glob).", "data")
+    define("string", "text", None, "Your files: a file, a folder or a glob (--dataset=text, which --text alone "
+           "implies).", "data")
     define("enum", "level", None, "--dataset=text/stdlib/tfds: token level of a new vocabulary (default byte; "
            "with --init_from, the model's).", "data", enum_values=["byte", "char", "word"])
     define("string", "corpus_info_path", None, "corpus-info.json (default: in --data_dir).", "data")
@@ -190,8 +191,12 @@ def model_config(corpus_info):
 
 
 def _dataset():
+    """--dataset; "text" when only --text is given; else the run preset's corpus."""
+    if FLAGS.text is not None and FLAGS.dataset not in (None, "text"):
+        raise ValueError(f"--text reads your files, which is --dataset=text, not --dataset={FLAGS.dataset}; drop "
+                         "one of the two.")
     preset = RUN_PRESETS.get(FLAGS.config)
-    return FLAGS.dataset or (preset["dataset"] if preset else "stdlib")
+    return FLAGS.dataset or ("text" if FLAGS.text is not None else None) or (preset["dataset"] if preset else "stdlib")
 
 
 def default_data_dir():
@@ -206,9 +211,7 @@ def default_data_dir():
 
 def check_init_from():
     """--init_from's and --text's flags, before anything is resolved or written."""
-    if FLAGS.text and _dataset() != "text":
-        raise ValueError(f"--text={FLAGS.text} is read with --dataset=text; add it (the corpus is --dataset="
-                         f"{_dataset()}).")
+    _dataset()  # --text with another --dataset is refused
     if not FLAGS.init_from:
         return
     for flag in ("pretrained", "warm_start_path"):
@@ -265,6 +268,10 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     """Train and/or evaluate under `strategy`, as the flags say. Returns the eval results.
 
     `compiled=True` (train_tpu.py) compiles every step with XLA whatever --xla says."""
+    if FLAGS.num_hosts != num_hosts:
+        raise ValueError(f"--num_hosts={FLAGS.num_hosts}, but this run has {num_hosts} host(s) (on GPUs and CPUs the "
+                         "workers TF_CONFIG's cluster lists; on TPUs the pod's hosts): give the cluster, or "
+                         f"--num_hosts={num_hosts}.")
     check_init_from()
     defaults = use_pretrained(log) if FLAGS.pretrained else None
     if FLAGS.init_from:
