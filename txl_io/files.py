@@ -10,6 +10,7 @@ info of a split, the checkpoint index of a run) names it, and that marker is wri
 """
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
@@ -158,8 +159,17 @@ def makedirs(path):
             from None
 
 
+def is_link(path):
+    """Whether a local `path` is a symbolic link (object stores have none)."""
+    return is_local(path) and os.path.islink(path)
+
+
 def remove_file(path):
-    """Delete a file (nothing if it is absent); a folder is refused, never deleted."""
+    """Delete a file (nothing if it is absent); a folder is refused, never deleted; a link is
+    removed as a link, never followed."""
+    if is_link(path):
+        os.remove(path)
+        return
     with reporting(path):
         if gfile.isdir(path):
             raise StorageError(f"Refusing to delete {path}: it is a folder, where a file was expected.")
@@ -170,7 +180,11 @@ def remove_file(path):
 def remove_folder(path, names, pattern=None):
     """Delete the files `names` (and those matching `pattern`) of a folder this program
     wrote, then the folder if nothing else is left in it. Returns whether it is gone; a
-    folder holding anything else is left as it is (with what was ours removed)."""
+    folder holding anything else is left as it is (with what was ours removed). A folder that
+    is a link is removed as a link: nothing it points to is touched."""
+    if is_link(path):
+        os.remove(path)
+        return True
     for name in listdir(path):
         if name in names or (pattern is not None and pattern.match(name)):
             remove_file(join(path, name))
@@ -402,7 +416,13 @@ def _flock(path, what):
 
     while True:
         with reporting(path):
-            handle = open(path, "a+")
+            try:  # (never through a link: its target would be truncated)
+                handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "a+")
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise StorageError(f"The lock file {path} is a symbolic link, which this program never writes "
+                                   "through; delete the link and run again.") from None
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

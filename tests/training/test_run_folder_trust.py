@@ -145,6 +145,36 @@ def test_rotation_deletes_only_what_a_checkpoint_holds(tmp_path):
     assert [s for s, _ in run_folder.list_checkpoints(model_dir)] == [3]
 
 
+def test_rotation_and_locks_never_act_through_a_link(tmp_path):
+    """A checkpoint folder that is a link into another run is rotated away as a link (the
+    other run's files stay); a lock file that is a link is refused, its target untouched."""
+    records = build(str(tmp_path))
+    other = make(tmp_path / "other", records, save_steps=1, train_steps=1, keep_checkpoint_max=1)
+    other.train()
+    theirs = os.path.join(other.tc.model_dir, "ckpt-00000001")
+    before = snapshot(other.tc.model_dir)
+    trainer = make(tmp_path, records, save_steps=1, train_steps=1, keep_checkpoint_max=1)
+    trainer.train()
+    model_dir = trainer.tc.model_dir
+    os.symlink(theirs, os.path.join(model_dir, "ckpt-00000000"))  # listed by the index below: rotated
+    index = json.load(open(os.path.join(model_dir, run_folder.INDEX)))
+    index["checkpoints"].insert(0, "ckpt-00000000")
+    json.dump(index, open(os.path.join(model_dir, run_folder.INDEX), "w"))
+    trainer.tc.train_steps = 2
+    trainer.train()
+    assert not os.path.lexists(os.path.join(model_dir, "ckpt-00000000"))
+    assert snapshot(other.tc.model_dir) == before
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    os.symlink(target, folder / files.LOCK)
+    with pytest.raises(files.StorageError, match="is a symbolic link"):
+        with files.exclusive(str(folder), "The run folder"):
+            pass
+    assert target.read_text() == "keep me"
+
+
 def test_a_second_writer_of_a_folder_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
     import subprocess
     import sys
