@@ -43,11 +43,12 @@ INDEX = "checkpoint.json"
 WEIGHTS = "model.weights.h5"
 STATE = "state.npz"
 BEST = "best.json"
+EVALUATED = "evaluated.json"  # the last step whose evaluation (--eval_steps) was recorded
 CHECKPOINT = re.compile(r"^ckpt-(\d{8,})$")
 BEST_WEIGHTS = re.compile(r"^best-(\d{8,})\.weights\.h5$")
 # The files of a run folder whose interrupted writes leave temporaries (`files.TEMPORARY`).
 WRITTEN = re.compile(r"^(ckpt-\d{8,}|best-\d{8,}\.weights\.h5|config\.json|vocab\.json|checkpoint\.json|best\.json|"
-                     r"eval_results\.json|corpus-info\.json|init_from\.json)$")
+                     r"eval_results\.json|corpus-info\.json|init_from\.json|evaluated\.json)$")
 
 
 class RunFolderError(ValueError):
@@ -282,6 +283,21 @@ def save_best(model_dir, model, step, results):
     if previous and previous["weights"] != name:  # (a name of the form we write: checked by read_best)
         files.remove_file(files.join(model_dir, previous["weights"]))
     return files.join(model_dir, name)
+
+
+def record_evaluated(model_dir, step):
+    """Record that the evaluation due at `step` is done (its best weights kept if they were)."""
+    files.atomic_write(files.join(model_dir, EVALUATED), json.dumps({"step": int(step)}))
+
+
+def evaluated_step(model_dir):
+    """The last step whose evaluation was recorded, or None (none yet, or a damaged record)."""
+    path = files.join(model_dir, EVALUATED)
+    try:
+        step = json.loads(files.read_text(path))["step"] if files.exists(path) else None
+    except (ValueError, KeyError, TypeError, files.StorageError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def set_aside(path):

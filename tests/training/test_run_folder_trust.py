@@ -114,6 +114,30 @@ def test_another_models_state_is_named_and_the_checkpoint_before_it_used(trained
     assert "ckpt-00000006 is damaged" in err and "training state of another model or run (optimizer_0" in err
 
 
+def test_an_evaluation_interrupted_after_its_save_is_performed_on_resume(tmp_path):
+    """Killed during the evaluation that follows a save: the resumed run owes that
+    evaluation and performs it, so best.json is the uninterrupted run's."""
+    records = build(str(tmp_path))
+    settings = dict(save_steps=2, eval_steps=2, train_steps=2)
+    whole = make(tmp_path, records, model_dir="whole", **settings)
+    whole.train()
+    cut = make(tmp_path, records, model_dir="cut", **settings)
+
+    def killed(step):
+        raise KeyboardInterrupt  # (as a SIGKILL between the save and the evaluation's record)
+
+    cut.evaluate_and_keep_best = killed
+    with pytest.raises(KeyboardInterrupt):
+        cut.train()
+    assert run_folder.latest_checkpoint(cut.tc.model_dir)[0] == 2 and run_folder.read_best(cut.tc.model_dir) is None
+    make(tmp_path, records, model_dir="cut", **settings).train()  # nothing left to train, but an evaluation owed
+    expected = run_folder.read_best(whole.tc.model_dir)
+    assert run_folder.read_best(cut.tc.model_dir) == expected and expected["step"] == 2
+    before = snapshot(cut.tc.model_dir)
+    make(tmp_path, records, model_dir="cut", **settings).train()  # recorded: not evaluated again
+    assert snapshot(cut.tc.model_dir) == before
+
+
 def test_save_steps_zero_saves_at_the_end(tmp_path):
     records = build(str(tmp_path))
     trainer = make(tmp_path, records, save_steps=0, train_steps=4)

@@ -312,6 +312,10 @@ class Trainer:
         if not self._started:
             self.restore_or_warm_start()
         step = int(self.step.numpy())
+        if tc.eval_steps and step and step % tc.eval_steps == 0 and \
+                run_folder.evaluated_step(tc.model_dir) != step:
+            self.log(f"evaluating step {step}, which was saved but not evaluated (an interrupted evaluation)")
+            self.evaluate_and_keep_best(step)  # owed: the saved step's evaluation never finished
         if step >= tc.train_steps:  # a finished run, started again
             self.log(f"nothing to train: the run is at step {step} (--train_steps={tc.train_steps})")
             return step
@@ -372,6 +376,8 @@ class Trainer:
             if self.is_chief:
                 path = run_folder.save_best(self.tc.model_dir, self.model, step, result)
                 self.log(f"best validation loss so far ({result['loss']:.4f}): saved {path}")
+        if self.is_chief:
+            run_folder.record_evaluated(self.tc.model_dir, step)
         return result
 
     # -- checkpoints -----------------------------------------------------------------------
