@@ -7,8 +7,8 @@ from txl_io import files
 from tf_records.corpora import SPLITS, load_corpus
 from tf_records.download import download
 from tf_records.records import write_split
+from tf_records.vocabulary import VOCAB_FILE
 
-VOCAB_FILE = "vocab.json"
 CORPUS_INFO_FILE = "corpus-info.json"
 
 
@@ -56,7 +56,7 @@ def _write_splits(corpus, records_dir, splits, batches, tgt_len, num_hosts, num_
             files.atomic_write(files.join(records_dir, CORPUS_INFO_FILE), json.dumps(corpus.info(), indent=2))
         info = write_split(ids, records_dir, split, batches[split], tgt_len, num_hosts,
                            vocab_size=len(corpus.vocab), num_passes=num_passes if split == "train" else 1,
-                           dataset=corpus.name, log=log)
+                           dataset=corpus.name, vocab_fingerprint=corpus.vocab.fingerprint(), log=log)
         log(f"{split}: {info['num_batch']} batches of {batches[split]} x {tgt_len}, "
             f"{info['num_targets']} targets -> {records_dir}")
 

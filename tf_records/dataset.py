@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from txl_io import files
 from tf_records.records import FORMAT, record_info_path
+from tf_records.vocabulary import VOCAB_FILE, Vocabulary
 
 
 def _rebuild_hint(split, per_host_batch, tgt_len, num_hosts):
@@ -50,8 +51,21 @@ def load_record_info(records_dir, split, per_host_batch, tgt_len, num_hosts=1):
                 f"Record file {file_path} has {size} bytes, not the {entry['bytes']} it was written "
                 "with: it is truncated or damaged. Rebuild the records."
             )
+    _check_vocabulary(info, path, records_dir)
     info["records_dir"] = records_dir
     return info
+
+
+def _check_vocabulary(info, path, records_dir):
+    """Records whose ids are of another vocabulary than the folder's vocab.json are refused."""
+    vocab_path = files.join(records_dir, VOCAB_FILE)
+    if not info.get("vocab_fingerprint") or not files.exists(vocab_path):
+        return
+    vocab = Vocabulary.load(vocab_path)
+    if vocab.fingerprint() != info["vocab_fingerprint"]:
+        raise ValueError(f"The records of {path} were built with another vocabulary than {vocab_path} (fingerprint "
+                         f"{info['vocab_fingerprint']} against {vocab.fingerprint()}): their ids mean other "
+                         "symbols. Rebuild the records into a new folder.")
 
 
 def _parse(serialized):

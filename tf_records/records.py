@@ -90,8 +90,9 @@ def _write_host_file(path, rows, starts, tgt_len):
 
 
 def write_split(ids, records_dir, split, per_host_batch, tgt_len, num_hosts=1, vocab_size=None,
-                evaluation=None, num_passes=1, seed=0, dataset=None, log=print):
-    """Write a split's records for one layout and return its record info (a dict).
+                evaluation=None, num_passes=1, seed=0, dataset=None, vocab_fingerprint=None, log=print):
+    """Write a split's records for one layout and return its record info (a dict);
+    `vocab_fingerprint` (`Vocabulary.fingerprint()`) names the vocabulary the ids are of.
 
     Each file is written whole and the record info last (the commit marker), so an
     interrupted build leaves nothing that reads as complete; a rerun rebuilds only
@@ -126,6 +127,7 @@ def write_split(ids, records_dir, split, per_host_batch, tgt_len, num_hosts=1, v
         entries.append({"name": name, "host": host, "bytes": size})
     info = _record_info(streams, starts, split, per_host_batch, tgt_len, num_hosts, evaluation,
                         num_passes, vocab_size, dataset, fingerprint, entries)
+    info["vocab_fingerprint"] = vocab_fingerprint
     files.atomic_write(info_path, json.dumps(info, indent=2))
     return info
 

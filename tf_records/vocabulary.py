@@ -1,6 +1,7 @@
 """Vocabularies as in the original `vocabulary.py`, saved as plain JSON (no pickle)."""
 
 import collections
+import hashlib
 import json
 
 import numpy as np
@@ -10,6 +11,8 @@ from txl_io import files
 LEVELS = ("word", "char", "byte")
 FORMAT = "txl_keras.vocabulary.v1"
 
+
+VOCAB_FILE = "vocab.json"  # a records folder's (and a run folder's) vocabulary
 
 class Vocabulary:
     """Symbols <-> ids, with the original tokenisation rules.
@@ -208,7 +211,17 @@ class Vocabulary:
         if data.get("format") != FORMAT:
             raise ValueError(f"{path} is not a txl_keras vocabulary (format {data.get('format')!r}).")
         data.pop("format")
-        return cls(**data)
+        if not isinstance(data.get("symbols"), list) or not data["symbols"]:
+            raise ValueError(f"{path} holds no symbols; rebuild the vocabulary (python -m tf_records).")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ValueError(f"{path} is damaged ({e}); rebuild the vocabulary.") from None
+
+    def fingerprint(self):
+        """A digest of everything that decides what an id means (symbols and rules)."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
 
 
 def _count_units(arrays, to_symbol):

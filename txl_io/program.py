@@ -114,6 +114,8 @@ def check_flag_values(values):
         if isinstance(value, float) and not math.isfinite(value):
             raise app.UsageError(f"--{name}={value} is not a finite number; give a finite value.")
         if name in PATH_FLAGS and isinstance(value, str):
+            if flag.present and not value.strip():
+                raise app.UsageError(f"--{name} is given empty; give a path, or leave the flag out.")
             if _URL_WITHOUT_SLASHES.match(value):
                 scheme, rest = value.split(":", 1)
                 raise app.UsageError(f"--{name}={value} looks like a URL missing its '//': did you mean "

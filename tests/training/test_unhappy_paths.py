@@ -40,7 +40,25 @@ def world(tmp_path_factory):
     Vocabulary(["<eos>", "<unk>", "alpha", "beta"], level="word", add_eos=True, unk_symbol="<unk>").save(
         str(root / "words.json"))
     original_weights(root)
+    permuted_records(root)
     return root
+
+
+def permuted_records(root):
+    """`permuted/`: the world's records as if built with a vocabulary of the same size whose
+    ids are permuted (its vocab.json and the fingerprint its record infos carry);
+    `mismatched/`: the world's records with that vocab.json put beside them."""
+    shutil.copytree(root / "records", root / "permuted")
+    shutil.copytree(root / "records", root / "mismatched")
+    vocab = Vocabulary.load(str(root / "records" / "vocab.json"))
+    settings = {k: v for k, v in vocab.to_dict().items() if k not in ("format", "symbols")}
+    permuted = Vocabulary(vocab.symbols[1:] + vocab.symbols[:1], **settings)
+    permuted.save(str(root / "permuted" / "vocab.json"))
+    permuted.save(str(root / "mismatched" / "vocab.json"))
+    for name in os.listdir(root / "permuted"):
+        if name.startswith("record_info-"):
+            info = json.load(open(root / "permuted" / name))
+            json.dump({**info, "vocab_fingerprint": permuted.fingerprint()}, open(root / "permuted" / name, "w"))
 
 
 def original_weights(root):
@@ -125,7 +143,13 @@ CASES = [
                                                    "--encoding=latin-1", "--records_dir={root}/other"],
      1, "is not in the vocabulary and it has no unknown symbol"),
     # 4. files that do not belong together, or are damaged
-    ("empty model_dir", [TRAIN, "--model_dir="], 1, "must not be empty"),
+    ("empty model_dir", [TRAIN, "--model_dir="], 2, "--model_dir is given empty"),
+    ("empty vocabulary flag", [PY, "-m", "tf_records", "--dataset=text", "--text={root}/corpus.txt", "--vocab=",
+                               "--records_dir={root}/other"], 2, "--vocab is given empty"),
+    ("records of a permuted vocabulary", [TRAIN, "--data_dir={root}/permuted", "--train_steps=8"], 1,
+     "was trained with another vocabulary"),
+    ("records and a vocab.json that disagree", [TRAIN, "--data_dir={root}/mismatched", "--model_dir={root}/fresh2",
+                                                "--do_eval=false"], 1, "were built with another vocabulary than"),
     ("a model the machine cannot hold", [TRAIN, "--model_dir={root}/big", "--d_model=100000000"], 1,
      "--check_memory=false"),
     ("records of another layout, first attempt", [TRAIN, "--model_dir={root}/fresh", "--train_batch_size=3"], 1,

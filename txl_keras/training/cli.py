@@ -227,8 +227,9 @@ def check_init_from():
                          f"{', '.join('--' + n for n in INIT_FROM_OVERRIDES)} may change.")
 
 
-def check_vocabulary(records_dir):
-    """--init_from's vocabulary must be the records' (the ids mean its symbols)."""
+def check_vocabulary(records_dir, model_dir=None):
+    """The run folder's vocabulary, and --init_from's, must be the records' (the ids mean its symbols)."""
+    _check_run_vocabulary(records_dir, model_dir)
     found = origin()
     if found is None:
         return
@@ -240,6 +241,19 @@ def check_vocabulary(records_dir):
         raise ValueError(f"The records in {records_dir} have {what}, but --init_from={FLAGS.init_from} reads "
                          f"{len(mine)} {mine.level} symbols: build them with its vocabulary (python -m tf_records "
                          f"--vocab={found.vocabulary} ...), or leave --data_dir out to build them.")
+
+
+def _check_run_vocabulary(records_dir, model_dir):
+    records_path = files.join(records_dir, VOCAB_FILE)
+    run_path = files.join(model_dir, VOCAB_FILE) if model_dir else None
+    if not run_path or not files.exists(run_path) or not files.exists(records_path):
+        return
+    theirs, mine = Vocabulary.load(records_path), Vocabulary.load(run_path)
+    if theirs.fingerprint() != mine.fingerprint():
+        raise ValueError(f"The run folder {model_dir} was trained with another vocabulary ({run_path}, fingerprint "
+                         f"{mine.fingerprint()}) than the records in {records_dir} are encoded with (fingerprint "
+                         f"{theirs.fingerprint()}): their ids mean other symbols. Use the records of the run's "
+                         "vocabulary (python -m tf_records --vocab=" + run_path + " ...) or another --model_dir.")
 
 
 def prepare_data(tc, num_core_per_host, log):
@@ -285,7 +299,7 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         prepare_data(tc, cores, log)
     corpus_info = load_corpus_info(files.dirname(FLAGS.corpus_info_path) if FLAGS.corpus_info_path
                                    else tc.records_dir)
-    check_vocabulary(tc.records_dir)
+    check_vocabulary(tc.records_dir, tc.model_dir)
     config = model_config(corpus_info)
     if FLAGS.check_memory:
         check_memory(config, tc, cores, compiled)
