@@ -70,10 +70,11 @@ def run(main):
                 raise
             sys.stderr.write(f"error: {_one_line(e)}\n")
             sys.exit(2)
-        except KeyboardInterrupt:
-            sys.stderr.write("error: interrupted (files are written atomically: what was saved stays "
-                             "complete; the same command resumes)\n")
-            sys.exit(130)
+        except KeyboardInterrupt as e:
+            said = _one_line(e) if str(e) else "files are written atomically: what was saved stays complete; the " \
+                "same command resumes"
+            sys.stderr.write(f"error: interrupted ({said})\n")
+            sys.exit(getattr(e, "exit_code", 130))
         except USER_ERRORS as e:
             if flags.FLAGS["verbosity"].value > 0:
                 logging.exception("failed")

@@ -194,3 +194,48 @@ def test_evaluation_during_training_in_tensorboard_and_the_best_weights_kept(tmp
     score = float(again.stdout.split("eval valid: loss ")[1].split(" ")[0])
     assert score == pytest.approx(during[best["step"]], abs=1e-4)
     assert tree(model_dir) == before
+
+
+def interrupted_run(records, model_dir, signum):
+    """train_gpu.py on a run of a million steps in one log interval, sent `signum` once it
+    has trained a few steps: (the finished process, the step it stopped at)."""
+    command = ["timeout", "-k", "10", "240"] + train_command(records, model_dir, "--train_steps=1000000",
+                                                               "--iterations=1000000", "--save_steps=0",
+                                                               "--do_eval=false", "--lr_schedule=constant")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    for line in process.stdout:  # the compiled steps have started
+        if line.startswith("training from step"):
+            break
+    import time
+
+    time.sleep(6)  # (past the first call, which traces the steps)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=240)
+    return process, stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_training_within_a_compiled_loop_with_a_checkpoint_and_it_resumes(tmp_path, signum):
+    """Long before its million-step loop would end, SIGINT/SIGTERM stops the run at a step
+    boundary, saves that step and says so; resuming from it gives the weights of a run that
+    never stopped (a constant learning rate: the same at every step whatever the run's length)."""
+    records = build(str(tmp_path))
+    process, stderr = interrupted_run(records, str(tmp_path / "cut"), signum)
+    assert process.returncode == 128 + signum, stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    name = signal.Signals(signum).name
+    assert len(errors) == 1 and f"interrupted ({name}: stopped at step" in errors[0], stderr[-2000:]
+    step, _, _ = final_weights(str(tmp_path / "cut"))
+    assert errors[0].split("stopped at step ")[1].split(",")[0] == str(step) and 0 < step < 1000000
+    if signum == signal.SIGTERM:
+        return
+    target = step + 3
+    same = ("--iterations=2", "--save_steps=0", "--do_eval=false", "--lr_schedule=constant")  # (lr of any length)
+    resumed = run(train_command(records, str(tmp_path / "cut"), f"--train_steps={target}", *same))
+    assert resumed.returncode == 0 and f"training from step {step} to {target}" in resumed.stdout, resumed.stderr
+    whole = run(train_command(records, str(tmp_path / "whole"), f"--train_steps={target}", *same))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    _, weights_cut, _ = final_weights(str(tmp_path / "cut"))
+    _, weights_whole, _ = final_weights(str(tmp_path / "whole"))
+    for name in weights_whole:
+        np.testing.assert_array_equal(weights_cut[name], weights_whole[name], err_msg=name)

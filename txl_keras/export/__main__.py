@@ -9,7 +9,8 @@ from absl import app, flags
 from txl_io import files, program
 from tf_records.vocabulary import Vocabulary
 from txl_keras.export import export_saved_model
-from txl_keras.run_folder import VOCAB, load_trained_model
+from txl_keras.models import sizes
+from txl_keras.run_folder import VOCAB, load_trained_model, require_config
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json and checkpoints).")
@@ -19,6 +20,8 @@ flags.DEFINE_string("output", None, "Where to write the SavedModel (a new or emp
 flags.DEFINE_integer("mem_len", None, "Memory length to serve with (default: the config's).", lower_bound=0)
 flags.DEFINE_integer("clamp_len", None, "clamp_len to serve with (-1 or 0: no clamping).", lower_bound=-1)
 flags.DEFINE_bool("same_length", None, "same_length to serve with.")
+flags.DEFINE_bool("check_memory", True, "Refuse an export whose memory (the weights, --mem_len) cannot fit this "
+                  "machine's (estimated before the model is built).")
 
 
 def main(argv):
@@ -30,6 +33,9 @@ def main(argv):
         raise app.UsageError(f"--output={FLAGS.output} is not empty; choose a new folder (nothing is overwritten).")
     vocab_path = FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB)
     vocabulary = Vocabulary.load(vocab_path) if FLAGS.vocab or files.exists(vocab_path) else None
+    if FLAGS.check_memory:
+        config = require_config(FLAGS.model_dir).with_memory(FLAGS.mem_len, FLAGS.clamp_len)
+        sizes.require_memory(sizes.inference_bytes(config, 1), f"Exporting at mem_len={config.mem_len}")
     model = load_trained_model(FLAGS.model_dir, FLAGS.checkpoint)
     export_saved_model(model, FLAGS.output, vocabulary, FLAGS.mem_len, FLAGS.clamp_len, FLAGS.same_length)
     print(f"wrote {FLAGS.output}" + ("" if vocabulary else f" (no vocabulary: {vocab_path} is absent)"))

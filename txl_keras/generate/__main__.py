@@ -17,7 +17,7 @@ from absl import app, flags
 from txl_io import program
 from tf_records.vocabulary import Vocabulary
 from txl_keras import presets
-from txl_keras.models import TransformerXLLM
+from txl_keras.models import TransformerXLLM, sizes
 from txl_keras.run_folder import load_weights
 from txl_keras.samplers import BeamSampler, sampler_from
 from txl_keras.tasks import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor
@@ -47,6 +47,8 @@ flags.DEFINE_multi_string("stop", [], "Stop token: a symbol of the vocabulary (e
                           "escapes decoded (e.g. \\n); printing ends at it. Repeat the flag for several.")
 flags.DEFINE_integer("mem_len", None, "Memory length (default: the config's).", lower_bound=0)
 flags.DEFINE_integer("clamp_len", None, "clamp_len for generation (-1 or 0: no clamping).", lower_bound=-1)
+flags.DEFINE_bool("check_memory", True, "Refuse a run whose memory (the weights, --mem_len, the beams) cannot fit "
+                  "this machine's (estimated before the model is built).")
 
 
 def model_preset():
@@ -59,7 +61,12 @@ def model_preset():
 def load_model(found):
     """The model of --checkpoint, else the preset's newest weights, with --mem_len and --clamp_len."""
     overrides = {k: v for k, v in (("mem_len", FLAGS.mem_len), ("clamp_len", FLAGS.clamp_len)) if v is not None}
-    model = TransformerXLLM(found.config.replace(**overrides))
+    config = found.config.replace(**overrides)
+    if FLAGS.check_memory:
+        what = "Scoring" if FLAGS.score is not None else f"Generating with {FLAGS.num_beams} beam(s)"
+        sizes.require_memory(sizes.inference_bytes(config, FLAGS.num_beams if FLAGS.score is None else 1),
+                             f"{what} at mem_len={config.mem_len}")
+    model = TransformerXLLM(config)
     load_weights(model, FLAGS.checkpoint or found.weights)
     return model
 

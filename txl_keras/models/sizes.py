@@ -84,6 +84,54 @@ def training_bytes(config, batch_per_replica, replicas=1):
     return 4 * (4 * parameters + replicas * (config.n_layer * per_layer + memory + 2 * head))
 
 
+# What a process running frozen weights holds beyond them and its tensors: traced graphs,
+# the allocator's pools, thread stacks (measured by bench/inference_memory.py).
+RUNTIME_BYTES = 400 << 20
+
+
+def inference_bytes(config, batch_size, mem_len=None, segment_length=None, scored_tokens=0):
+    """An estimate, from above, of the memory (bytes) a process needs, beyond what it held
+    after importing txl_keras, to run frozen weights of `config` on `batch_size` streams
+    (evaluation, scoring, generation, export): the float32 weights; each layer's ring of
+    memory keys and values and its position keys, twice (a segment's cache is made while
+    the one it replaces still exists); one segment of `segment_length` tokens (default
+    `tgt_len`): its attention scores, feed-forward and log-probabilities, the latter for
+    at least `scored_tokens` tokens at once (an evaluation scores several segments
+    together); and `RUNTIME_BYTES`. bench/inference_memory.py compares it with the peak
+    measured on the bench's models."""
+    mem = config.mem_len if mem_len is None else mem_len
+    rows = segment_length or config.tgt_len
+    keys = mem + rows
+    rings = config.n_layer * batch_size * mem * 2 * config.d_model
+    positions = (config.n_layer + 1) * keys * config.d_model
+    scores = 4 * batch_size * config.n_head * rows * keys  # AC, BD, their shifted sum, the probabilities
+    hidden = batch_size * rows * (8 * config.d_model + 2 * config.d_inner)
+    head = 3 * max(batch_size * rows, scored_tokens) * _head_width(config)  # logits, log-softmax, a copy
+    return 4 * parameter_count(config) + 4 * (2 * (rings + positions) + scores + hidden + head) + RUNTIME_BYTES
+
+
+def _head_width(config):
+    """The widest logits one token's log-probabilities need at once: the whole vocabulary,
+    or the head cluster and the widest tail."""
+    if not config.cutoffs:
+        return config.n_token
+    edges = [0] + list(config.cutoffs) + [config.n_token]
+    return config.cutoffs[0] + len(config.cutoffs) + max(b - a for a, b in zip(edges[1:], edges[2:]))
+
+
+class MemoryEstimateError(ValueError):
+    """A run whose estimated memory exceeds what this machine has available."""
+
+
+def require_memory(needed, what, override="--check_memory=false"):
+    """Refuse, with the figures, work that needs more than the memory available here."""
+    available = available_bytes()
+    if available is not None and needed > available:
+        raise MemoryEstimateError(
+            f"{what} needs about {needed / 1e9:,.1f} GB of memory but {available / 1e9:,.1f} GB are available; "
+            f"make the batch or the memory (--mem_len) smaller (or pass {override} to try anyway).")
+
+
 def available_bytes():
     """The memory available to a new process here (MemAvailable of /proc/meminfo, else
     the physical memory), or None where the platform does not say."""

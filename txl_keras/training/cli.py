@@ -25,6 +25,7 @@ from tf_records.vocabulary import Vocabulary
 from txl_keras import run_folder
 from txl_keras.models import sizes
 from txl_keras.models.config import PRESETS, TransformerXLConfig
+from txl_keras.training.evaluation import SCORE_TOKENS
 from txl_keras.training.train_config import QUICKSTART, RUN_PRESETS, TrainConfig
 from txl_keras.training.trainer import NonFiniteLossError, Trainer
 
@@ -63,8 +64,8 @@ def define_flags():
     define("bool", "do_train", True, "Train.", "run")
     define("bool", "do_eval", True, "Evaluate on --eval_split before and after training.", "run")
     define("bool", "do_eval_only", False, "Evaluate every checkpoint in --model_dir and report the best.", "run")
-    define("bool", "check_memory", True, "Refuse a run whose training cannot fit this machine's memory "
-           "(estimated before the model is built; CPUs only).", "run")
+    define("bool", "check_memory", True, "Refuse a run whose training (or evaluation) cannot fit this machine's "
+           "memory (estimated before the model is built; CPUs only).", "run")
     define("string", "data_dir", None, "Folder of the TFRecords, vocab.json and corpus-info.json "
            "(default data/<dataset>; built from --dataset when missing).", "data")
     define("string", "dataset", None, "Corpus to build records from when --data_dir is not given (see python -m "
@@ -375,11 +376,18 @@ def check_paths(tc):
 
 
 def check_memory(config, tc, cores, compiled):
-    """Refuse, with the figures, a run whose training cannot fit this machine's memory (on
-    CPUs; accelerators hold their own)."""
+    """Refuse, with the figures, a run whose training (or evaluation only) cannot fit this
+    machine's memory (on CPUs; accelerators hold their own)."""
     import tensorflow as tf
 
-    if compiled or tf.config.list_logical_devices("GPU") or not (FLAGS.do_train and not FLAGS.do_eval_only):
+    if compiled or tf.config.list_logical_devices("GPU"):
+        return
+    if not (FLAGS.do_train and not FLAGS.do_eval_only):
+        settings = config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
+        tgt_len = tc.eval_tgt_len or config.tgt_len
+        needed = sizes.inference_bytes(settings, tc.eval_batch_size, segment_length=tgt_len,
+                                       scored_tokens=SCORE_TOKENS) if FLAGS.do_eval or FLAGS.do_eval_only else 0
+        sizes.require_memory(needed, f"Evaluating {tc.eval_batch_size} streams at mem_len={settings.mem_len}")
         return
     needed, available = sizes.training_bytes(config, tc.train_batch_size // cores, cores), sizes.available_bytes()
     if available is not None and needed > available:

@@ -29,10 +29,13 @@ from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.models.flops import model_flops_per_token
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
 from txl_keras.training.evaluation import Evaluation
+from txl_keras.training.interrupts import Interrupted, StopRequest
 from txl_keras.training.optimizer import Adam
 from txl_keras.training.schedule import learning_rate
 
 LN2 = math.log(2.0)
+CALL_SECONDS = 2.0  # a compiled call of steps runs about this long: a stop request waits no longer
+PROGRESS_SECONDS = 60.0  # a long stretch between log lines still prints a line this often
 
 
 class NonFiniteLossError(RuntimeError):
@@ -169,6 +172,7 @@ class Trainer:
         self._optimizer = None  # created when training or restoring: evaluation needs no moments
         self.flops_per_token = model_flops_per_token(model_config)
         self._train_fn = None
+        self._steps_per_call = 1  # grows to about CALL_SECONDS of steps once one call is timed
         self._iterator = None  # [step it is positioned at, distributed iterator]
         self._started = False
         self._evaluations = {}  # (evaluation settings, tgt_len) -> Evaluation
@@ -332,41 +336,74 @@ class Trainer:
         self.write_summaries("train", step, texts={
             "config": "    " + self.config.to_json().replace("\n", "\n    "),
             "train_config": "    " + json.dumps(dataclasses.asdict(tc), indent=2).replace("\n", "\n    ")})
-        while step < tc.train_steps:
-            boundary = min(tc.train_steps, (step // tc.iterations + 1) * tc.iterations)
-            for every in (tc.save_steps, tc.eval_steps):
-                if every:
-                    boundary = min(boundary, (step // every + 1) * every)
+        stop = StopRequest(self.log)
+        with stop.installed(enabled=self.num_hosts == 1):
+            while step < tc.train_steps:
+                boundary = min(tc.train_steps, (step // tc.iterations + 1) * tc.iterations)
+                for every in (tc.save_steps, tc.eval_steps):
+                    if every:
+                        boundary = min(boundary, (step // every + 1) * every)
+                first = step
+                start = time.time()
+                loss_sum, gnorm_sum, done, bad, step = self._run_steps(iterator, info, step, boundary, stop)
+                elapsed = time.time() - start
+                if bad:
+                    self._iterator = None  # it is one batch ahead of the step now
+                    raise NonFiniteLossError(
+                        f"Non-finite loss or gradient at step {step + 1}; training stopped. The last good "
+                        f"checkpoint is kept in {tc.model_dir}. Lower the learning rate, or pass "
+                        "--skip_nonfinite to skip such steps."
+                    )
+                if step > first:
+                    self._log_steps(step, loss_sum, gnorm_sum, done, tokens_per_step * (step - first) / max(elapsed, 1e-9))
+                if stop.signum is not None:
+                    path = self.save()
+                    raise Interrupted(f"{stop.name}: stopped at step {step}, saved {path}; the same command "
+                                      "resumes from there", stop.signum)
+                if step >= tc.train_steps or (tc.save_steps and step % tc.save_steps == 0):  # always at the end
+                    self.save()
+                if tc.eval_steps and step % tc.eval_steps == 0:
+                    self.evaluate_and_keep_best(step)
+        return step
+
+    def _run_steps(self, iterator, info, step, boundary, stop):
+        """Steps up to `boundary` in calls of about `CALL_SECONDS` each (the first call of one
+        step, while it is traced), so that a stop request is seen within seconds and a
+        progress line comes at least every `PROGRESS_SECONDS`. Returns the sums over the
+        steps, whether one was non-finite, and the new step."""
+        loss_sum = gnorm_sum = 0.0
+        done, last_line = 0, time.time()
+        while step < boundary and stop.signum is None:
+            count = min(boundary - step, self._steps_per_call)
             start = time.time()
             with _naming_damaged_records(info):
-                loss_sum, gnorm_sum, done, bad = self._train_fn(iterator, tf.constant(boundary - step, tf.int64))
-            elapsed = time.time() - start
+                losses, gnorms, finished, bad = self._train_fn(iterator, tf.constant(count, tf.int64))
+            loss_sum, gnorm_sum, done = loss_sum + float(losses), gnorm_sum + float(gnorms), done + int(finished)
             step = int(self.step.numpy())
             self._iterator[0] = step
             if bool(bad):
-                self._iterator = None  # it is one batch ahead of the step now
-                raise NonFiniteLossError(
-                    f"Non-finite loss or gradient at step {step + 1}; training stopped. The last good "
-                    f"checkpoint is kept in {tc.model_dir}. Lower the learning rate, or pass "
-                    "--skip_nonfinite to skip such steps."
-                )
-            done = max(int(done), 1)
-            loss, gnorm = float(loss_sum) / done, float(gnorm_sum) / done
-            lr = float(learning_rate(step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
-                                     tc.min_lr_ratio, tc.lr_schedule))
-            tokens_per_s = tokens_per_step * (boundary - step + done) / max(elapsed, 1e-9)
-            bpc = "" if self.word_level else f"bpc {loss / LN2:.4f} | "
-            self.log(f"step {step:>7d} | lr {lr:.3e} | loss {loss:.4f} | ppl {math.exp(min(loss, 50)):9.3f} | "
-                     f"{bpc}gnorm {gnorm:.3f} | tok/s {tokens_per_s:,.0f} | "
-                     f"model GFLOP/s {tokens_per_s * self.flops_per_token / 1e9:,.1f}")
-            self.write_summaries("train", step, {
-                "loss": loss, "lr": lr, "gnorm": gnorm, "bpc": loss / LN2, "tokens_per_s": tokens_per_s,
-                "model_flops_per_s": tokens_per_s * self.flops_per_token})
-            if step >= tc.train_steps or (tc.save_steps and step % tc.save_steps == 0):  # always at the end
-                self.save()
-            if tc.eval_steps and step % tc.eval_steps == 0:
-                self.evaluate_and_keep_best(step)
-        return step
+                return loss_sum, gnorm_sum, done, True, step
+            per_step = (time.time() - start) / count
+            self._steps_per_call = max(1, int(CALL_SECONDS / max(per_step, 1e-6)))
+            if time.time() - last_line >= PROGRESS_SECONDS and step < boundary:
+                last_line = time.time()
+                self.log(f"step {step:>7d} | {per_step:.3f} s per step, next log line at step {boundary}")
+        return loss_sum, gnorm_sum, done, False, step
+
+    def _log_steps(self, step, loss_sum, gnorm_sum, done, tokens_per_s):
+        """The log line and summaries of the steps since the last one."""
+        tc = self.tc
+        done = max(done, 1)
+        loss, gnorm = loss_sum / done, gnorm_sum / done
+        lr = float(learning_rate(step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
+                                 tc.min_lr_ratio, tc.lr_schedule))
+        bpc = "" if self.word_level else f"bpc {loss / LN2:.4f} | "
+        self.log(f"step {step:>7d} | lr {lr:.3e} | loss {loss:.4f} | ppl {math.exp(min(loss, 50)):9.3f} | "
+                 f"{bpc}gnorm {gnorm:.3f} | tok/s {tokens_per_s:,.0f} | "
+                 f"model GFLOP/s {tokens_per_s * self.flops_per_token / 1e9:,.1f}")
+        self.write_summaries("train", step, {
+            "loss": loss, "lr": lr, "gnorm": gnorm, "bpc": loss / LN2, "tokens_per_s": tokens_per_s,
+            "model_flops_per_s": tokens_per_s * self.flops_per_token})
 
     def evaluate_and_keep_best(self, step):
         """Evaluate now (summaries at `step`); keep the weights if the loss is the best so far."""
