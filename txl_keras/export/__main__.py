@@ -35,7 +35,8 @@ def main(argv):
     vocabulary = Vocabulary.load(vocab_path) if FLAGS.vocab or files.exists(vocab_path) else None
     if FLAGS.check_memory:
         config = require_config(FLAGS.model_dir).with_memory(FLAGS.mem_len, FLAGS.clamp_len)
-        sizes.require_memory(sizes.inference_bytes(config, 1), f"Exporting at mem_len={config.mem_len}")
+        sizes.require_memory(sizes.inference_bytes(config, 1) + sizes.EXPORT_BYTES,
+                             f"Exporting at mem_len={config.mem_len}")
     model = load_trained_model(FLAGS.model_dir, FLAGS.checkpoint)
     export_saved_model(model, FLAGS.output, vocabulary, FLAGS.mem_len, FLAGS.clamp_len, FLAGS.same_length)
     print(f"wrote {FLAGS.output}" + ("" if vocabulary else f" (no vocabulary: {vocab_path} is absent)"))

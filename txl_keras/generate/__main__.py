@@ -64,8 +64,9 @@ def load_model(found):
     config = found.config.replace(**overrides)
     if FLAGS.check_memory:
         what = "Scoring" if FLAGS.score is not None else f"Generating with {FLAGS.num_beams} beam(s)"
-        sizes.require_memory(sizes.inference_bytes(config, FLAGS.num_beams if FLAGS.score is None else 1),
-                             f"{what} at mem_len={config.mem_len}")
+        needed = sizes.inference_bytes(config, 1) if FLAGS.score is not None else sizes.inference_bytes(
+            config, FLAGS.num_beams, scored_tokens=FLAGS.num_beams, beam_search=FLAGS.num_beams > 1)
+        sizes.require_memory(needed, f"{what} at mem_len={config.mem_len}")
     model = TransformerXLLM(config)
     load_weights(model, FLAGS.checkpoint or found.weights)
     return model

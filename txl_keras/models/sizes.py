@@ -68,12 +68,23 @@ def parameter_count(config):
             + position_parameters(config))
 
 
+# What a process running frozen weights holds beyond them and its tensors (the allocator's
+# pools, traced graphs, thread stacks), and what compiling a forward pass with XLA adds:
+# calibrated by bench/memory_estimates.py.
+RUNTIME_BYTES = 500 << 20
+XLA_BYTES = 300 << 20
+EXPORT_BYTES = 200 << 20  # tracing and writing a SavedModel's signatures, beyond inference_bytes
+
+
 def training_bytes(config, batch_per_replica, replicas=1):
-    """A lower bound of the memory one process needs to train `config` with
-    `batch_per_replica` streams on each of `replicas` local replicas: float32 weights,
-    gradients and Adam's two moments, and per replica the activations a backward pass
-    keeps (a few tensors per layer the size of the hidden states, the feed-forward's
-    inner activations and the attention scores) and the memory."""
+    """An estimate, from above, of the memory one process needs to train `config` with
+    `batch_per_replica` streams on each of `replicas` local replicas (bench/memory_estimates.py
+    checks it against the peak measured: at most 1.5 times it): ten float32 copies of the
+    weights (the weights, their initial values, the gradients of each concurrent part,
+    Adam's two moments and the update's temporaries), per replica the activations a
+    backward pass keeps (a few tensors per layer the size of the hidden states, the
+    feed-forward's inner activations and the attention scores) and the memory, and
+    `RUNTIME_BYTES`."""
     parameters = parameter_count(config)
     tokens = batch_per_replica * config.tgt_len
     keys = config.tgt_len + config.mem_len
@@ -81,24 +92,23 @@ def training_bytes(config, batch_per_replica, replicas=1):
         2 * batch_per_replica * config.n_head * config.tgt_len * keys
     memory = batch_per_replica * config.mem_len * config.d_model * config.n_layer
     head = tokens * (config.cutoffs[0] if config.cutoffs else config.n_token)
-    return 4 * (4 * parameters + replicas * (config.n_layer * per_layer + memory + 2 * head))
+    return 4 * (10 * parameters + replicas * (config.n_layer * per_layer + memory + 2 * head)) + RUNTIME_BYTES
 
 
-# What a process running frozen weights holds beyond them and its tensors: traced graphs,
-# the allocator's pools, thread stacks (measured by bench/inference_memory.py).
-RUNTIME_BYTES = 400 << 20
-
-
-def inference_bytes(config, batch_size, mem_len=None, segment_length=None, scored_tokens=0):
+def inference_bytes(config, batch_size, mem_len=None, segment_length=None, scored_tokens=None,
+                    beam_search=False, compiled=False):
     """An estimate, from above, of the memory (bytes) a process needs, beyond what it held
     after importing txl_keras, to run frozen weights of `config` on `batch_size` streams
-    (evaluation, scoring, generation, export): the float32 weights; each layer's ring of
-    memory keys and values and its position keys, twice (a segment's cache is made while
-    the one it replaces still exists); one segment of `segment_length` tokens (default
-    `tgt_len`): its attention scores, feed-forward and log-probabilities, the latter for
-    at least `scored_tokens` tokens at once (an evaluation scores several segments
-    together); and `RUNTIME_BYTES`. bench/inference_memory.py compares it with the peak
-    measured on the bench's models."""
+    (evaluation, scoring, generation, export), checked by bench/memory_estimates.py
+    against the peak measured on the bench's models (at most 1.5 times it).
+
+    It counts the float32 weights; each layer's ring of memory keys and values and its
+    position keys, twice (a segment's cache is made while the one it replaces exists; three
+    times with `beam_search`, which reorders them); one segment of `segment_length` tokens
+    (default `tgt_len`): its attention scores and feed-forward; the log-probabilities:
+    of `scored_tokens` tokens at once when whole distributions are computed (generation:
+    one per stream; an evaluation: the segments it scores together), else each segment's
+    NLL; `RUNTIME_BYTES`, and `XLA_BYTES` when the forward pass is `compiled`."""
     mem = config.mem_len if mem_len is None else mem_len
     rows = segment_length or config.tgt_len
     keys = mem + rows
@@ -106,8 +116,10 @@ def inference_bytes(config, batch_size, mem_len=None, segment_length=None, score
     positions = (config.n_layer + 1) * keys * config.d_model
     scores = 4 * batch_size * config.n_head * rows * keys  # AC, BD, their shifted sum, the probabilities
     hidden = batch_size * rows * (8 * config.d_model + 2 * config.d_inner)
-    head = 3 * max(batch_size * rows, scored_tokens) * _head_width(config)  # logits, log-softmax, a copy
-    return 4 * parameter_count(config) + 4 * (2 * (rings + positions) + scores + hidden + head) + RUNTIME_BYTES
+    head = _head_width(config) * (3 * scored_tokens if scored_tokens else 2 * batch_size * rows)
+    copies = 3 if beam_search else 2
+    floats = copies * (rings + positions) + scores + hidden + head
+    return 4 * parameter_count(config) + 4 * floats + RUNTIME_BYTES + (XLA_BYTES if compiled else 0)
 
 
 def _head_width(config):

@@ -386,7 +386,8 @@ def check_memory(config, tc, cores, compiled):
         settings = config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
         tgt_len = tc.eval_tgt_len or config.tgt_len
         needed = sizes.inference_bytes(settings, tc.eval_batch_size, segment_length=tgt_len,
-                                       scored_tokens=SCORE_TOKENS) if FLAGS.do_eval or FLAGS.do_eval_only else 0
+                                       scored_tokens=max(SCORE_TOKENS, tc.eval_batch_size * tgt_len),
+                                       compiled=tc.eval_xla) if FLAGS.do_eval or FLAGS.do_eval_only else 0
         sizes.require_memory(needed, f"Evaluating {tc.eval_batch_size} streams at mem_len={settings.mem_len}")
         return
     needed, available = sizes.training_bytes(config, tc.train_batch_size // cores, cores), sizes.available_bytes()
