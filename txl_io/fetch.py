@@ -11,7 +11,8 @@ can wedge.
   status other than 200/206, and a body shorter or longer than `Content-Length`, is an
   error naming the URL (a dropped connection is resumed twice first);
 - `check(path)` says what the file must be (it raises ValueError or OSError naming what is
-  wrong): it runs on the finished file and on a file already there. A file that fails is
+  wrong): it runs on the finished file and on a file already there, after the check that
+  it is not an HTML page (unless an `.html` file was asked for). A file that fails is
   moved aside to `<path>.rejected` (one warning line) and fetched again once; a second
   failure is a `DownloadError` naming the URL, the file, what was wrong and `hint` (where
   else the file can come from). The file at `path` is renamed into place last: it is
@@ -57,6 +58,13 @@ def fetch(url, path, check=None, hint="", log=None, timeout=60):
 
 
 def _problem(check, path):
+    """What is wrong with the file at `path` (None: nothing): an HTML page where another file
+    was asked for (a server's error page served with status 200), or what `check` says."""
+    if not path.endswith((".html", ".htm")):
+        with open(path, "rb") as f:
+            start = f.read(512).lstrip().lower()
+        if start.startswith((b"<!doctype html", b"<html")):
+            return "an HTML page, where the file was expected (a server's error page?)"
     if check is None:
         return None
     try:

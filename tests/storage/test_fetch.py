@@ -67,11 +67,20 @@ def test_a_wrong_body_twice_is_one_clear_error_and_a_good_server_then_succeeds(s
     with pytest.raises(DownloadError) as error:
         fetch(f"{url}/blob.bin", target, check=must_be(payload()), hint="Point MIRROR at a mirror.", log=quiet)
     message = str(error.value)
-    assert f"{url}/blob.bin" in message and "not the file" in message and "MIRROR" in message
+    assert f"{url}/blob.bin" in message and "an HTML page" in message and "MIRROR" in message
     assert target + ".rejected" in message and "\n" not in message
     assert not os.path.exists(target)
     fetch(f"{url}/blob.bin", target, check=must_be(payload()), log=quiet)  # the server is good again
     assert open(target, "rb").read() == payload()
+
+
+def test_an_html_page_is_never_taken_for_the_file_even_without_a_check(served, tmp_path, capsys):
+    _, url, faults, _ = served
+    faults["/blob.bin"] = ["html"]
+    target = str(tmp_path / "blob.bin")
+    fetch(f"{url}/blob.bin", target, log=quiet)
+    assert open(target, "rb").read() == payload()
+    assert "an HTML page" in capsys.readouterr().err
 
 
 def test_a_file_already_there_is_checked_before_it_is_used(served, tmp_path):
@@ -180,6 +189,9 @@ def test_a_corpus_download_is_checked_healed_and_unpacked(tmp_path, monkeypatch)
     with faulty_server(str(root)) as (url, faults, _):
         monkeypatch.setitem(download.SOURCES, "wt2", [(f"{url}/wikitext-2-v1.zip", "wikitext-2-v1.zip", True)])
         faults["/wikitext-2-v1.zip"] = ["html", "html"]
+        with pytest.raises(DownloadError, match="an HTML page.*copy it to"):
+            download.download("wt2", str(data_dir), log=quiet)
+        faults["/wikitext-2-v1.zip"] = ["cut_no_length", "cut_no_length"]
         with pytest.raises(DownloadError, match="not the zip archive of wt2.*copy it to"):
             download.download("wt2", str(data_dir), log=quiet)
         faults["/wikitext-2-v1.zip"] = ["cut_no_length"]  # healed on the second fetch
