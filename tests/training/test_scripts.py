@@ -214,11 +214,34 @@ def interrupted_run(records, model_dir, signum):
     return process, stderr
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_request_records_sigint_and_sigterm_and_a_second_one_stops_at_once():
+    """In process: the first signal is recorded (the trainer stops at its next call of steps),
+    a second raises at once; the handlers before are restored afterwards."""
+    import os
+    import threading
+
+    from txl_keras.training.interrupts import Interrupted, StopRequest
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed from the main thread only")
+    before = signal.getsignal(signal.SIGTERM)
+    said = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with StopRequest(said.append).installed() as stop:
+            os.kill(os.getpid(), signum)
+            assert stop.signum == signum and signal.Signals(signum).name in said[-1]
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signum)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert Interrupted("stopped", signal.SIGTERM).exit_code == 143
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT])
 def test_a_signal_stops_training_within_a_compiled_loop_with_a_checkpoint_and_it_resumes(tmp_path, signum):
-    """Long before its million-step loop would end, SIGINT/SIGTERM stops the run at a step
-    boundary, saves that step and says so; resuming from it gives the weights of a run that
-    never stopped (a constant learning rate: the same at every step whatever the run's length)."""
+    """Long before its million-step loop would end, SIGINT (SIGTERM alike, tested in process
+    above) stops the run at a step boundary, saves that step and says so; resuming from it
+    gives the weights of a run that never stopped (a constant learning rate: the same at
+    every step whatever the run's length)."""
     records = build(str(tmp_path))
     process, stderr = interrupted_run(records, str(tmp_path / "cut"), signum)
     assert process.returncode == 128 + signum, stderr[-2000:]
@@ -227,8 +250,6 @@ def test_a_signal_stops_training_within_a_compiled_loop_with_a_checkpoint_and_it
     assert len(errors) == 1 and f"interrupted ({name}: stopped at step" in errors[0], stderr[-2000:]
     step, _, _ = final_weights(str(tmp_path / "cut"))
     assert errors[0].split("stopped at step ")[1].split(",")[0] == str(step) and 0 < step < 1000000
-    if signum == signal.SIGTERM:
-        return
     target = step + 3
     same = ("--iterations=2", "--save_steps=0", "--do_eval=false", "--lr_schedule=constant")  # (lr of any length)
     resumed = run(train_command(records, str(tmp_path / "cut"), f"--train_steps={target}", *same))
