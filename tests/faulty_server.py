@@ -24,6 +24,16 @@ FAULTS = (
 )
 
 
+class Faults(dict):
+    """`{path: [fault, ...]}`, each fault one of `FAULTS`: a misspelled one fails the test that
+    sets it (on the server it would serve the good file, and the test would check nothing)."""
+
+    def __setitem__(self, path, faults):
+        unknown = [f for f in faults if f not in FAULTS]
+        assert not unknown, f"unknown faults {unknown}; each is one of {FAULTS}"
+        super().__setitem__(path, list(faults))
+
+
 class FaultyHandler(http.server.BaseHTTPRequestHandler):
     """Serves `root`; `faults[path]` is a list of fault names, one taken per request."""
 
@@ -98,7 +108,7 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def faulty_server(root):
     """Serve `root`: yields `(url, faults, requests)`; put fault lists in `faults[path]`."""
-    faults, requests = {}, []
+    faults, requests = Faults(), []
     handler = functools.partial(FaultyHandler, root=root, faults=faults, requests=requests)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

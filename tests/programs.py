@@ -24,6 +24,7 @@ def in_process(command, cwd=None):
     exception is exit 1 with its traceback on stderr, as Python prints it). The flags the
     program defines are removed afterwards and the global dtype policy restored, so the
     next program defines its own."""
+    assert os.path.basename(command[0]).startswith("python"), f"not a Python command line: {command[:3]}"
     if command[1] == "-c":
         target, arguments, run = "-c", command[3:], lambda: exec(command[2], {"__name__": "__main__"})
     elif command[1] == "-m":

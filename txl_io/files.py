@@ -198,6 +198,19 @@ def remove_folder(path, names, pattern=None):
     return True
 
 
+def remove_tree(path):
+    """Delete a folder this program wrote and everything in it; a link is removed as a
+    link, and links inside are never followed."""
+    if is_link(path):
+        os.remove(path)
+        return
+    with reporting(path):
+        if is_local(path):
+            shutil.rmtree(path)
+        elif gfile.exists(path):
+            gfile.rmtree(path)
+
+
 def free_bytes(path):
     """Free bytes on the local filesystem of `path` (its nearest existing folder), or None
     where it cannot be told (object stores)."""

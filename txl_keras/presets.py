@@ -181,8 +181,7 @@ def release_of_folder(folder):
     info = files.join(folder, "data", "corpus-info.json")
     if files.exists(info):
         check_file(release, "data/corpus-info.json", info)
-    step = int(name.rsplit("-", 1)[1]) if name.rsplit("-", 1)[-1].isdigit() else release.step
-    return dataclasses.replace(release, step=step), files.join(model, name)
+    return release, files.join(model, name)
 
 
 def _local_source(folder, prefix):
@@ -209,7 +208,7 @@ def _cache_entry(converted, source, force, build):
             return
         if files.exists(converted):
             warn(f"the cache entry {converted} {problem}; converting it again")
-            remove_cache_entry(converted)
+            files.remove_tree(converted)  # (an entry of the cache: ours to replace)
         build()
         held = {os.path.relpath(os.path.join(d, f), converted): files.size(os.path.join(d, f))
                 for d, _, found in files.walk(converted) for f in found}
@@ -233,21 +232,6 @@ def _entry_problem(converted, source):
     if recorded != source:
         return "was converted from files that have changed since"
     return None
-
-
-def remove_cache_entry(converted):
-    """Delete a cache entry (a folder this module wrote under the cache root); a link is removed as a link."""
-    if files.is_local(converted) and os.path.islink(converted):
-        os.remove(converted)
-        return
-    import shutil
-
-    if files.is_local(converted):
-        shutil.rmtree(converted)  # (never follows a link inside)
-    else:
-        from tensorflow.io import gfile
-
-        gfile.rmtree(converted)
 
 
 def fetch_and_convert(name, converted, url=None, cache_dir=None, log=None, force_download=False):

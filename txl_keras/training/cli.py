@@ -383,12 +383,13 @@ def check_memory(config, tc, cores, compiled):
     if compiled or tf.config.list_logical_devices("GPU"):
         return
     if not (FLAGS.do_train and not FLAGS.do_eval_only):
-        settings = config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
-        tgt_len = tc.eval_tgt_len or config.tgt_len
-        needed = sizes.inference_bytes(settings, tc.eval_batch_size, segment_length=tgt_len,
-                                       scored_tokens=max(SCORE_TOKENS, tc.eval_batch_size * tgt_len),
-                                       compiled=tc.eval_xla) if FLAGS.do_eval or FLAGS.do_eval_only else 0
-        sizes.require_memory(needed, f"Evaluating {tc.eval_batch_size} streams at mem_len={settings.mem_len}")
+        if FLAGS.do_eval or FLAGS.do_eval_only:
+            settings = config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
+            tgt_len = tc.eval_tgt_len or config.tgt_len
+            needed = sizes.inference_bytes(settings, tc.eval_batch_size, segment_length=tgt_len,
+                                           scored_tokens=max(SCORE_TOKENS, tc.eval_batch_size * tgt_len),
+                                           compiled=tc.eval_xla)
+            sizes.require_memory(needed, f"Evaluating {tc.eval_batch_size} streams at mem_len={settings.mem_len}")
         return
     needed, available = sizes.training_bytes(config, tc.train_batch_size // cores, cores), sizes.available_bytes()
     if available is not None and needed > available:
