@@ -10,9 +10,7 @@ from conftest import SMALL_ADAPTIVE, randomize, to_np
 
 from txl_keras import TransformerXLConfig, TransformerXLLM
 
-# The SavedModels are written once for the module, so its tests share one worker.
-pytestmark = [pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TensorFlow export"),
-              pytest.mark.xdist_group("saved_models")]
+pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TensorFlow export")
 
 WORDS = ["<eos>", "<unk>", "alpha", "beta", "gamma"] + [f"w{i}" for i in range(35)]  # n_token 40
 GENERATOR_WORDS = ["<eos>", "<unk>", "alpha", "beta", "gamma", "delta", "kappa"]

@@ -273,10 +273,11 @@ def read_only(tmp_path):
 
 
 def test_a_read_only_run_folder_is_one_line_naming_it(read_only, tmp_path):
-    from helpers import run, train_command
+    from helpers import train_command
+    from programs import in_process
 
     records = build(str(tmp_path))
-    result = run(train_command(records, read_only, "--train_steps=2", "--do_eval=false"))
+    result = in_process(train_command(records, read_only, "--train_steps=2", "--do_eval=false"))
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert len(lines) == 1 and f"Cannot access {read_only}/txl_keras.lock" in lines[0] and "Read-only" in lines[0]

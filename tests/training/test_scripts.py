@@ -1,4 +1,6 @@
-"""train_gpu.py / train_tpu.py as a user runs them, in subprocesses bounded by `timeout -k`."""
+"""train_gpu.py / train_tpu.py as a user runs them: in subprocesses bounded by `timeout -k` where a
+process of its own is what is checked (several workers, a signal, a missing TPU), else through
+the program's own entry point in this process (`programs.in_process`)."""
 
 import json
 import os
@@ -125,10 +127,10 @@ def test_a_worker_whose_peer_dies_mid_training_exits_with_an_error(tmp_path):
 def test_every_checkpoint_is_evaluated_and_the_best_reported(tmp_path):
     records = build(str(tmp_path))
     model_dir = str(tmp_path / "m")
-    trained = run(train_command(records, model_dir, "--train_steps=4", "--iterations=2", "--save_steps=2",
+    trained = in_process(train_command(records, model_dir, "--train_steps=4", "--iterations=2", "--save_steps=2",
                                 "--do_eval=false"))
     assert trained.returncode == 0, trained.stderr[-2000:]
-    evaluated = run(train_command(records, model_dir, "--do_eval_only", "--max_eval_batch=-1"))
+    evaluated = in_process(train_command(records, model_dir, "--do_eval_only", "--max_eval_batch=-1"))
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     losses = {int(line.split("step ")[1].split(",")[0]): float(line.split("loss ")[1].split(",")[0])
               for line in evaluated.stdout.splitlines() if line.startswith("best checkpoint")}
@@ -163,7 +165,7 @@ def tree(folder):
 def test_evaluation_during_training_in_tensorboard_and_the_best_weights_kept(tmp_path):
     records = build(str(tmp_path))
     model_dir = str(tmp_path / "m")
-    trained = run(train_command(records, model_dir, "--train_steps=12", "--iterations=2", "--save_steps=4",
+    trained = in_process(train_command(records, model_dir, "--train_steps=12", "--iterations=2", "--save_steps=4",
                                 "--eval_steps=4", "--learning_rate=1e-2"))
     assert trained.returncode == 0, trained.stderr[-2000:]
     logged = [float(line.split("loss ")[1].split(" ")[0]) for line in trained.stdout.splitlines()
@@ -188,7 +190,7 @@ def test_evaluation_during_training_in_tensorboard_and_the_best_weights_kept(tmp
     assert f"best validation loss {best['loss']:.4f}" in trained.stdout
     # the kept weights score the best loss; evaluation alone writes nothing into the run folder
     before = tree(model_dir)
-    again = run(train_command(records, model_dir, "--do_train=false",
+    again = in_process(train_command(records, model_dir, "--do_train=false",
                               f"--eval_ckpt_path={os.path.join(model_dir, best['weights'])}"))
     assert again.returncode == 0, again.stderr[-2000:]
     score = float(again.stdout.split("eval valid: loss ")[1].split(" ")[0])
@@ -252,9 +254,9 @@ def test_a_signal_stops_training_within_a_compiled_loop_with_a_checkpoint_and_it
     assert errors[0].split("stopped at step ")[1].split(",")[0] == str(step) and 0 < step < 1000000
     target = step + 3
     same = ("--iterations=2", "--save_steps=0", "--do_eval=false", "--lr_schedule=constant")  # (lr of any length)
-    resumed = run(train_command(records, str(tmp_path / "cut"), f"--train_steps={target}", *same))
+    resumed = in_process(train_command(records, str(tmp_path / "cut"), f"--train_steps={target}", *same))
     assert resumed.returncode == 0 and f"training from step {step} to {target}" in resumed.stdout, resumed.stderr
-    whole = run(train_command(records, str(tmp_path / "whole"), f"--train_steps={target}", *same))
+    whole = in_process(train_command(records, str(tmp_path / "whole"), f"--train_steps={target}", *same))
     assert whole.returncode == 0, whole.stderr[-2000:]
     _, weights_cut, _ = final_weights(str(tmp_path / "cut"))
     _, weights_whole, _ = final_weights(str(tmp_path / "whole"))
