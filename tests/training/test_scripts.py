@@ -79,7 +79,7 @@ def test_a_worker_whose_peer_never_comes_exits_with_an_error(tmp_path):
     records = build(str(tmp_path), hosts=2)
     cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
     tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
-    lone = run(train_command(records, str(tmp_path / "lone"), "--num_hosts=2", "--startup_timeout=15"),
+    lone = run(train_command(records, str(tmp_path / "lone"), "--num_hosts=2", "--startup_timeout=3"),
                timeout=120, env=env(TF_CONFIG=tf_config))
     assert lone.returncode != 0 and "not all 2 workers of TF_CONFIG joined" in lone.stderr
 
@@ -112,7 +112,7 @@ def test_a_worker_whose_peer_dies_mid_training_exits_with_an_error(tmp_path):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
         command = ["timeout", "-k", "10", "170"] + train_command(
             records, str(tmp_path / "mw"), "--num_hosts=2", "--train_steps=100000", "--iterations=2",
-            "--save_steps=0", "--do_eval=false", "--startup_timeout=60", "--collective_timeout=20")
+            "--save_steps=0", "--do_eval=false", "--startup_timeout=60", "--collective_timeout=10")
         processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           env=env(TF_CONFIG=tf_config), start_new_session=True))
     for line in processes[0].stdout:
