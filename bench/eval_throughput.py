@@ -34,7 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cluster_shares, configs, current_rss_mb, emit, model_config, model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_rounds, run_worker  # noqa: E402
+from common import cluster_shares, configs, current_rss_mb, emit, matmul_ceiling_gflops, model_config, model_flops_per_token, peak_rss_mb, random_ids, ratio_line, run_rounds, run_worker  # noqa: E402
 
 EVAL = dict(tgt_len=64, mem_len=320, clamp_len=400, same_length=True, batch=16, segments=8)
 EVAL_WT103 = dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, batch=8, segments=6, zipf=True)
@@ -95,6 +95,7 @@ def txl_eval_worker(c, e):
     out = {"tokens_per_s": max(rates), "peak_rss_mb": peak_rss_mb(), "import_rss_mb": imported_mb}
     if tf.config.list_physical_devices("GPU"):  # on a GPU the memory that matters is the device's
         out["gpu_peak_mb"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    out["ceiling_gflops"] = matmul_ceiling_gflops()  # (after the peak memory was read)
     return out
 
 
@@ -199,14 +200,17 @@ def main():
     shares = cluster_shares(random_ids(200_000, c["n_token"], zipf=e.get("zipf", False)), c["cutoffs"], c["n_token"]) \
         if c["cutoffs"] else None
     flops = model_flops_per_token(c, training=False, mem_len=e["mem_len"], tgt_len=e["tgt_len"], shares=shares)
-    print(f"1. long-memory evaluation {e}, {args.model} model, {flops / 1e6:.1f} MFLOP per token")
+    ceiling = max((r["ceiling_gflops"] for runs in results.values() for r in runs if "ceiling_gflops" in r),
+                  default=float("nan"))
+    print(f"1. long-memory evaluation {e}, {args.model} model, {flops / 1e6:.1f} MFLOP per token; "
+          f"fp32 matmul ceiling {ceiling:.0f} GFLOP/s")
     rates = {impl: [r["tokens_per_s"] for r in runs] for impl, runs in results.items() if runs}
     for impl, runs in results.items():
         if runs:
             peak = max(r["peak_rss_mb"] for r in runs)
             above = max(r["peak_rss_mb"] - r["import_rss_mb"] for r in runs)
-            print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} (MFU-equivalent "
-                  f"{max(rates[impl]) * flops / 1e9:.1f} GFLOP/s), peak RSS {peak:,.0f} MB, {above:,.0f} MB "
+            print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} ({max(rates[impl]) * flops / 1e9:.1f} "
+                  f"GFLOP/s, MFU {max(rates[impl]) * flops / 1e9 / ceiling:.1%}), peak RSS {peak:,.0f} MB, {above:,.0f} MB "
                   "above the framework's import" +
                   (f", GPU peak {max(r['gpu_peak_mb'] for r in runs):,.0f} MB" if "gpu_peak_mb" in runs[0] else ""))
     for impl in rates:
