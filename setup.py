@@ -17,7 +17,7 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3.6"],
+        "test": ["pytest>=7", "pytest-xdist>=3.8"],
         "jax": ["jax[cpu]>=0.4.30"],
         "tensorboard": ["tensorboard"],
     },
