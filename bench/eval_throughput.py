@@ -209,8 +209,9 @@ def main():
         if runs:
             peak = max(r["peak_rss_mb"] for r in runs)
             above = max(r["peak_rss_mb"] - r["import_rss_mb"] for r in runs)
-            print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} ({max(rates[impl]) * flops / 1e9:.1f} "
-                  f"GFLOP/s, MFU {max(rates[impl]) * flops / 1e9 / ceiling:.1%}), peak RSS {peak:,.0f} MB, {above:,.0f} MB "
+            gflops = max(rates[impl]) * flops / 1e9
+            print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} ({gflops:.1f} GFLOP/s, "
+                  f"MFU {gflops / ceiling:.1%}), peak RSS {peak:,.0f} MB, {above:,.0f} MB "
                   "above the framework's import" +
                   (f", GPU peak {max(r['gpu_peak_mb'] for r in runs):,.0f} MB" if "gpu_peak_mb" in runs[0] else ""))
     for impl in rates:

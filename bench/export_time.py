@@ -12,10 +12,12 @@ words and no clusters).
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit, ratio_line, run_rounds, run_worker  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,15 +38,7 @@ def worker(args):
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         export_saved_model(model, os.path.join(folder, "exported"), vocabulary)
-        print(f"seconds {time.perf_counter() - start:.3f}")
-
-
-def timed(root, args):
-    command = [sys.executable, os.path.abspath(__file__), "--worker", "--root", root, "--config", args.config,
-               "--n_token", str(args.n_token)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": root}
-    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
-    return float(out.split("seconds ")[-1])
+        emit({"seconds": time.perf_counter() - start})
 
 
 def main():
@@ -58,18 +52,21 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    sides = [("txl_keras", ROOT)] + ([("baseline", os.path.abspath(args.baseline))] if args.baseline else [])
-    times = {name: [] for name, _ in sides}
-    for r in range(args.rounds):
-        for name, root in (sides if r % 2 == 0 else sides[::-1]):
-            times[name].append(timed(root, args))
-    print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
-    for name, values in times.items():
-        print(f"{name:>10}: export seconds {' / '.join(f'{v:.2f}' for v in values)} (best {min(values):.2f})")
+
+    def side(root):
+        arguments = ["--worker", "--root", root, "--config", args.config, "--n_token", str(args.n_token)]
+        return lambda: run_worker(sys.executable, os.path.abspath(__file__), arguments,
+                                  env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": root})
+
+    sides = [("txl_keras", side(ROOT))]
     if args.baseline:
-        ratios = sorted(b / a for a, b in zip(times["txl_keras"], times["baseline"]))
-        print(f"ratio baseline / txl_keras (time): {min(times['baseline']) / min(times['txl_keras']):.2f}x "
-              f"(best of each; median of rounds {ratios[len(ratios) // 2]:.2f}x)")
+        sides.append(("baseline", side(os.path.abspath(args.baseline))))
+    seconds = {name: [r["seconds"] for r in runs] for name, runs in run_rounds(args.rounds, sides).items()}
+    print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
+    for name, values in seconds.items():
+        print(f"{name:>10}: export seconds {' / '.join(f'{v:.2f}' for v in values)} (best {min(values):.2f})")
+    if args.baseline:  # (exports per second, so that above 1x is faster)
+        print(ratio_line("baseline", [1 / v for v in seconds["txl_keras"]], [1 / v for v in seconds["baseline"]]))
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def test_every_checkpoint_is_evaluated_and_the_best_reported(tmp_path):
     records = build(str(tmp_path))
     model_dir = str(tmp_path / "m")
     trained = in_process(train_command(records, model_dir, "--train_steps=4", "--iterations=2", "--save_steps=2",
-                                "--do_eval=false"))
+                                       "--do_eval=false"))
     assert trained.returncode == 0, trained.stderr[-2000:]
     evaluated = in_process(train_command(records, model_dir, "--do_eval_only", "--max_eval_batch=-1"))
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
@@ -166,7 +166,7 @@ def test_evaluation_during_training_in_tensorboard_and_the_best_weights_kept(tmp
     records = build(str(tmp_path))
     model_dir = str(tmp_path / "m")
     trained = in_process(train_command(records, model_dir, "--train_steps=12", "--iterations=2", "--save_steps=4",
-                                "--eval_steps=4", "--learning_rate=1e-2"))
+                                       "--eval_steps=4", "--learning_rate=1e-2"))
     assert trained.returncode == 0, trained.stderr[-2000:]
     logged = [float(line.split("loss ")[1].split(" ")[0]) for line in trained.stdout.splitlines()
               if line.startswith("eval valid: loss")]
@@ -191,7 +191,7 @@ def test_evaluation_during_training_in_tensorboard_and_the_best_weights_kept(tmp
     # the kept weights score the best loss; evaluation alone writes nothing into the run folder
     before = tree(model_dir)
     again = in_process(train_command(records, model_dir, "--do_train=false",
-                              f"--eval_ckpt_path={os.path.join(model_dir, best['weights'])}"))
+                                     f"--eval_ckpt_path={os.path.join(model_dir, best['weights'])}"))
     assert again.returncode == 0, again.stderr[-2000:]
     score = float(again.stdout.split("eval valid: loss ")[1].split(" ")[0])
     assert score == pytest.approx(during[best["step"]], abs=1e-4)

@@ -29,8 +29,8 @@ def world(tmp_path_factory):
     """Records, a trained run folder with three checkpoints, a latin-1 text file."""
     root = tmp_path_factory.mktemp("world")
     records = build(str(root))
-    trained = in_process(train_command(records, str(root / "run"), "--train_steps=6", "--iterations=2", "--save_steps=2",
-                                "--do_eval=false"))
+    trained = in_process(train_command(records, str(root / "run"), "--train_steps=6", "--iterations=2",
+                                       "--save_steps=2", "--do_eval=false"))
     assert trained.returncode == 0, trained.stderr[-2000:]
     with open(root / "latin1.txt", "wb") as f:
         f.write(("caf\u00e9 ol\u00e9 " * 400 + "\n").encode("latin-1") * 8)
@@ -294,7 +294,7 @@ def test_a_damaged_newest_checkpoint_is_named_left_in_place_and_resume_uses_the_
     with open(os.path.join(reference, run_folder.INDEX), "w") as f:
         json.dump({"checkpoints": ["ckpt-00000002", "ckpt-00000004"]}, f)
     ran = in_process(train_command(records, reference, "--train_steps=8", "--iterations=2", "--save_steps=2",
-                            "--do_eval=false"))
+                                   "--do_eval=false"))
     assert ran.returncode == 0 and "(step 4)" in ran.stdout, ran.stderr[-2000:]
     for damage in ("weights", "state"):
         model_dir = str(tmp_path / damage)
@@ -307,8 +307,8 @@ def test_a_damaged_newest_checkpoint_is_named_left_in_place_and_resume_uses_the_
         else:
             open(os.path.join(newest, run_folder.STATE), "wb").close()
         damaged = snapshot(newest)
-        resumed = in_process(train_command(records, model_dir, "--train_steps=8", "--iterations=2", "--save_steps=2",
-                                    "--do_eval=false"))
+        resumed = in_process(train_command(records, model_dir, "--train_steps=8", "--iterations=2",
+                                           "--save_steps=2", "--do_eval=false"))
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert f"the checkpoint {newest} is damaged" in resumed.stderr
         assert "ckpt-00000004 (step 4)" in resumed.stdout
@@ -339,7 +339,7 @@ def test_a_corrupt_record_met_while_training_names_the_file(tmp_path):
     data[len(data) // 50: len(data) // 50 + 16] = b"\xff" * 16  # an early record
     open(path, "wb").write(bytes(data))
     result = in_process(train_command(records, str(tmp_path / "m"), "--train_steps=40", "--iterations=20",
-                               "--do_eval=false", "--save_steps=0"))
+                                      "--do_eval=false", "--save_steps=0"))
     lines = error_line(result)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert len(lines) == 1 and f"Record file {path} is corrupt" in lines[0] and "rebuild" in lines[0]
