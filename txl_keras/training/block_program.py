@@ -40,7 +40,7 @@ class SharedBlockProgram:
             raise ValueError(f"group={self.group} does not divide the {count} blocks.")
         self.backbone = backbone
         self.template = backbone.blocks[: self.group]
-        self._program = tf.function(self._run, jit_compile=True)
+        self._program = tf.function(self._run, jit_compile=True, autograph=False)
 
     def _run(self, weights, hidden, cache, layer_args):
         variables = [variable for block in self.template for variable in block.variables]

@@ -1,6 +1,8 @@
 """`Evaluation`: score a split with frozen weights, the memory in an `InferenceCache` that
 each replica keeps in place between segments."""
 
+import functools
+
 import tensorflow as tf
 
 from txl_keras.layers.inference_cache import CacheStore
@@ -76,28 +78,29 @@ class Evaluation:
 
     def _compile(self, whole_backbone):
         jit = self.xla
-        self._backbone = tf.function(self._cached_forward, jit_compile=True) if whole_backbone \
-            else self._cached_forward
+        # Every function is traced without AutoGraph: its control flow is Python over
+        # static shapes, and the conversion is a large part of a trace's time.
+        graph = functools.partial(tf.function, autograph=False)
+        xla = functools.partial(graph, jit_compile=True)
+        self._backbone = xla(self._cached_forward) if whole_backbone else self._cached_forward
         self._softmax = self.model.softmax
         if jit and self.compiled:  # one program: backbone and softmax
-            self._forward = tf.function(self._scored_segment, jit_compile=True)
+            self._forward = xla(self._scored_segment)
         else:
             if self.softmax_in_xla:
-                self._softmax = tf.function(self.model.softmax, jit_compile=True)
+                self._softmax = xla(self.model.softmax)
             self._forward = self._scored_segment
-        self._store = tf.function(self.cache.append, jit_compile=True) if jit else self.cache.append
+        self._store = xla(self.cache.append) if jit else self.cache.append
         # Where every step is compiled the reset and the position keys are XLA programs of
         # their own; else they run op by op (as a program the reset costs compiler memory).
-        self._reset = tf.function(self._reset_memory, jit_compile=True) if self.compiled else self._reset_memory
-        self._project = tf.function(self._project_positions, jit_compile=True) if self.compiled \
-            else self._project_positions
-        self._one_step = tf.function(lambda inputs, targets: self.strategy.run(self.replica_eval,
-                                                                               args=(inputs, targets)))
+        self._reset = xla(self._reset_memory) if self.compiled else self._reset_memory
+        self._project = xla(self._project_positions) if self.compiled else self._project_positions
+        self._one_step = graph(lambda inputs, targets: self.strategy.run(self.replica_eval, args=(inputs, targets)))
         if self.group:
-            self._hold_step = tf.function(lambda inputs, targets, slot: self.strategy.run(
+            self._hold_step = graph(lambda inputs, targets, slot: self.strategy.run(
                 self._hold, args=(inputs, targets, slot)))
-            self._score_step = tf.function(lambda last: self.strategy.run(self._score_held, args=(last,)))
-        self._start_pass = tf.function(lambda: self.strategy.run(self.start)) if self.compiled \
+            self._score_step = graph(lambda last: self.strategy.run(self._score_held, args=(last,)))
+        self._start_pass = graph(lambda: self.strategy.run(self.start)) if self.compiled \
             else (lambda: self.strategy.run(self.start))
 
     # -- the named steps, per replica ---------------------------------------------------------
