@@ -199,18 +199,19 @@ def test_evaluation_during_training_in_tensorboard_and_the_best_weights_kept(tmp
 
 
 def interrupted_run(records, model_dir, signum):
-    """train_gpu.py on a run of a million steps in one log interval, sent `signum` once it
-    has trained a few steps: (the finished process, the step it stopped at)."""
+    """train_gpu.py on a run of a million steps in one log interval, sent `signum` a second
+    after it says training started (inside its first call of steps, which traces them):
+    (the finished process, its standard error)."""
     command = ["timeout", "-k", "10", "240"] + train_command(records, model_dir, "--train_steps=1000000",
                                                                "--iterations=1000000", "--save_steps=0",
                                                                "--do_eval=false", "--lr_schedule=constant")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-    for line in process.stdout:  # the compiled steps have started
+    for line in process.stdout:  # the handler is installed; the first call of steps begins
         if line.startswith("training from step"):
             break
     import time
 
-    time.sleep(6)  # (past the first call, which traces the steps)
+    time.sleep(1)  # inside the first call, which traces the steps (or a later one)
     process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=240)
     return process, stderr

@@ -343,13 +343,16 @@ class Trainer:
             self.optimizer  # its variables exist before the step is traced
             self._train_fn = self._build_train_fn()
         tokens_per_step = tc.train_batch_size * self.num_hosts * self.config.tgt_len
-        self.log(f"training from step {step} to {tc.train_steps}: {self.replicas} replicas, "
-                 f"{self.per_replica} streams x {self.config.tgt_len} tokens each per step")
-        self.write_summaries("train", step, texts={
-            "config": "    " + self.config.to_json().replace("\n", "\n    "),
-            "train_config": "    " + json.dumps(dataclasses.asdict(tc), indent=2).replace("\n", "\n    ")})
         stop = StopRequest(self.log)
+        # Installed before the line that says training started, which comes just before the
+        # first call of steps: a signal from then on (during the first trace too) stops the
+        # run at the next step boundary with a checkpoint.
         with stop.installed(enabled=self.num_hosts == 1):
+            self.write_summaries("train", step, texts={
+                "config": "    " + self.config.to_json().replace("\n", "\n    "),
+                "train_config": "    " + json.dumps(dataclasses.asdict(tc), indent=2).replace("\n", "\n    ")})
+            self.log(f"training from step {step} to {tc.train_steps}: {self.replicas} replicas, "
+                     f"{self.per_replica} streams x {self.config.tgt_len} tokens each per step")
             while step < tc.train_steps:
                 boundary = min(tc.train_steps, (step // tc.iterations + 1) * tc.iterations)
                 for every in (tc.save_steps, tc.eval_steps):
