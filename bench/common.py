@@ -52,6 +52,43 @@ def model_flops_per_token(c, training=True, mem_len=None, tgt_len=None, shares=N
     return flops.model_flops_per_token(model_config(c), training, mem_len, tgt_len, cluster_shares=tails)
 
 
+def generation_counts(c, memory, rows=1):
+    """`(model FLOPs, float32 bytes read)` per new token of generation with `memory` rows of
+    memory attended, for a benchmark config dict. FLOPs: the package's forward count at one
+    query, with every cluster of an adaptive softmax (generation needs the whole
+    distribution). Bytes: each weight a step multiplies by (the position projection is made
+    once per call), every softmax cluster, and per row the memory's keys and values and the
+    position keys of its distances. With `rows` rows, the weights are read once per step."""
+    from txl_keras.models import flops
+
+    config = model_config(c)
+    d, layers, inner = config.d_model, config.n_layer, config.n_head * config.d_head
+    every_cluster = [1.0] * len(config.cutoffs)
+    flop = flops.model_flops_per_token(config, training=False, mem_len=memory, tgt_len=1,
+                                       cluster_shares=every_cluster or None)
+    weights = layers * (4 * d * inner + 2 * d * config.d_inner + config.d_inner + 5 * d) \
+        + flops.softmax_macs_per_token(config, every_cluster or None)
+    distances = memory + 1 if config.clamp_len <= 0 else min(memory + 1, config.clamp_len + 1)
+    per_row = layers * inner * (2 * memory + distances)
+    return flop, 4.0 * (weights / rows + per_row)
+
+
+def read_bandwidth_gbs(megabytes=256, repeats=8):
+    """Best rate at which this process's TensorFlow sums a float32 array far larger than the
+    caches, GB/s: the memory bandwidth a step that streams its weights can reach."""
+    import tensorflow as tf
+
+    x = tf.random.normal([megabytes * 2**20 // 4])
+    f = tf.function(tf.reduce_sum)
+    f(x).numpy()
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(x).numpy()
+        best = max(best, x.shape[0] * 4 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
 def matmul_ceiling_gflops(sizes=(1024, 2048), repeats=8):
     """Best fp32 matmul rate of this process's TensorFlow over square sizes, GFLOP/s."""
     import tensorflow as tf

@@ -16,7 +16,6 @@ importing TensorFlow, next to the checkpoint's size and the size of the model's 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 

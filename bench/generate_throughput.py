@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, random_ids, run_worker  # noqa: E402
+from common import emit, generation_counts, matmul_ceiling_gflops, random_ids, read_bandwidth_gbs, run_worker  # noqa: E402
 
 SETTINGS = dict(mem_len=1600, clamp_len=1000, same_length=True, prompt=128)
 MODES = ("greedy", "batch8", "beam4", "in_graph")
@@ -77,7 +77,12 @@ def txl_worker(c, e):
     sampler = BeamSampler(4, 0.0) if mode == "beam4" else None
     step, fixed = per_token(lambda n: generate(model, prompt, n, temperature=0, sampler=sampler),
                             e["short"], e["long"])
-    return {"s_per_token": step, "fixed_s": fixed, "rows": len(prompt)}
+    result = {"s_per_token": step, "fixed_s": fixed, "rows": len(prompt)}
+    if sampler:
+        result["beams"] = sampler.num_beams
+    if mode == "greedy":  # the machine's ceilings, measured in the same process
+        result.update(ceiling_gflops=matmul_ceiling_gflops(), bandwidth_gbs=read_bandwidth_gbs())
+    return result
 
 
 def batch_worker(model, c, e, generate, rounds=3):
@@ -157,6 +162,28 @@ def hf_worker(c, e):
     return {"s_per_token": step, "fixed_s": fixed}
 
 
+def print_ceilings(results, c, e):
+    """Each side's model FLOP/s against the float32 matrix-product ceiling (MFU) and the
+    bytes its steps must read against the read bandwidth, both measured in the greedy
+    worker: generation reads every weight for a row or a few, so bandwidth is its ceiling."""
+    greedy = results["greedy"]
+    ceiling, bandwidth = greedy["ceiling_gflops"], greedy["bandwidth_gbs"]
+    # the memory attended by the timed tokens: the prompt's rows, then one more per token
+    memory = float(np.mean([min(e["mem_len"], e["prompt"] + k) for k in range(e["short"], e["long"])]))
+    settings = {**c, "mem_len": e["mem_len"], "clamp_len": e["clamp_len"]}
+    print(f"ceilings (greedy worker): float32 matmul {ceiling:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s; "
+          f"memory attended {memory:.0f} rows")
+    for impl, r in results.items():
+        if impl in ("in_graph",) or "s_per_token" not in r:
+            continue
+        rows = r.get("beams", r.get("rows", 1))  # the rows each step computes
+        flop, read = generation_counts(settings, memory, rows)
+        gflops, gbs = rows * flop / r["s_per_token"] / 1e9, rows * read / r["s_per_token"] / 1e9
+        print(f"{impl:>10}: {flop / 1e6:.0f} MFLOP and {read / 1e6:.0f} MB per new token; {gflops:.2f} GFLOP/s "
+              f"(MFU {100 * gflops / ceiling:.2f}%), {gbs:.1f} GB/s ({100 * gbs / bandwidth:.0f}% of the read "
+              "bandwidth)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", choices=["txl_keras", "hf"], help="run one worker (internal)")
@@ -195,6 +222,8 @@ def main():
         print(f"{impl:>10}: {r['s_per_token'] * 1e3:.1f} ms per step ({rows} row{'s' if rows > 1 else ''}: "
               f"{rows / r['s_per_token']:.1f} tokens/s), {r['fixed_s']:.2f} s fixed per call")
     greedy = results.get("greedy")
+    if greedy:
+        print_ceilings(results, c, e)
     if "batch8" in results:
         r = results["batch8"]
         print(f"batch of 8 prompts / one prompt at a time (tokens/s, same process, median of "

@@ -22,7 +22,8 @@ the code before it in one run. Token ids are Zipf-like
 (p(id) ~ 1 / (id + 1)) for adaptive configs, as in real text (`--ids=uniform` puts nearly
 every token in a tail cluster, which no corpus does). `--profile` also times the adaptive
 embedding and softmax alone (forward + backward on the same batch) and prints their share
-of the step's time next to their share of its FLOPs.
+of the step's time next to their share of its FLOPs; `--ops` prints our step's op time by
+op type, from the TensorFlow profiler's trace of one more call of `--steps` steps.
 """
 
 import argparse
@@ -130,6 +131,17 @@ def txl_worker(args, c):
               "step_s": elapsed / args.steps}
     if args.profile and c["cutoffs"]:
         result["adaptive_s"] = adaptive_profile(trainer, c, ids)
+    if args.ops:  # one more call of --steps steps, traced by the profiler
+        from op_profile import op_ms_by_type
+
+        trainer.tc.train_steps += args.steps
+
+        def more_steps():
+            trainer.train()
+
+        by_type, total = op_ms_by_type(more_steps)
+        result["op_ms"] = {kind: [ms / args.steps, n / args.steps] for kind, (ms, n) in by_type.items()}
+        result["op_total_ms"] = total / args.steps
     return result
 
 
@@ -258,6 +270,7 @@ def main():
     parser.add_argument("--ids", choices=["zipf", "uniform"], default=None,
                         help="token id distribution (default: zipf with cutoffs, else uniform)")
     parser.add_argument("--profile", action="store_true", help="time the adaptive layers alone too")
+    parser.add_argument("--ops", action="store_true", help="our step's op time by op type (the profiler's trace)")
     args = parser.parse_args()
     c = json.loads(args.config_json) if args.config_json else configs()[args.config]
     args.ids = args.ids or ("zipf" if c["cutoffs"] else "uniform")
@@ -272,7 +285,7 @@ def main():
     common = ["--config", args.config, "--warmup", str(args.warmup), "--steps", str(args.steps),
               "--threads", str(args.threads), "--ids", args.ids, "--config_json", json.dumps(c)]
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
-        + (["--profile"] if args.profile else [])
+        + (["--profile"] if args.profile else []) + (["--ops"] if args.ops else [])
     workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ours_args))]
     if args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
@@ -314,6 +327,13 @@ def main():
             print(f"adaptive {name}: {run['adaptive_s'][name] * 1e3:.1f} ms of a {run['step_s'] * 1e3:.0f} ms step "
                   f"({time_share:.1%} of the time, {flop_share:.1%} of the FLOPs: {time_share / flop_share:.2f}x; "
                   f"{layer_flops * tokens / run['adaptive_s'][name] / 1e9:.0f} GFLOP/s)")
+    traced = [r for r in results["txl_keras"] if "op_ms" in r]
+    if traced:
+        from op_profile import print_op_profile
+
+        run = min(traced, key=lambda r: r["step_s"])
+        print_op_profile({kind: tuple(v) for kind, v in run["op_ms"].items()}, run["op_total_ms"],
+                         run["step_s"] * 1e3)
 
 
 if __name__ == "__main__":
