@@ -79,7 +79,7 @@ class Evaluation:
     def _compile(self, whole_backbone):
         jit = self.xla
         # Every function is traced without AutoGraph: its control flow is Python over
-        # static shapes, and the conversion is a large part of a trace's time.
+        # static shapes, and converting the model's code would only lengthen the trace.
         graph = functools.partial(tf.function, autograph=False)
         xla = functools.partial(graph, jit_compile=True)
         self._backbone = xla(self._cached_forward) if whole_backbone else self._cached_forward

@@ -295,8 +295,8 @@ class Trainer:
 
     def _build_train_fn(self):
         """`train_steps(iterator, num_steps)`: up to `num_steps` steps in one graph, ending
-        early at a bad step. Traced without AutoGraph (the loop is written out), which
-        takes about a third off every trace."""
+        early at a bad step. Traced without AutoGraph (the loop is written out): a process's
+        first trace no longer pays for converting the model's code."""
 
         @tf.function(autograph=False)
         def train_steps(iterator, num_steps):
