@@ -84,22 +84,28 @@ def per_product_ms(run, repeats):
     return (best_ms(lambda: run(1 + LOOP), repeats) - best_ms(lambda: run(1), repeats)) / LOOP
 
 
+def tf_dependent_products(product, jit):
+    """A TensorFlow function `(a, b, count)` -> scalar: `count` products `product(a, b)` in
+    one program, each depending on the last (so that none is hoisted out of the loop or run
+    side by side with another), then one scalar back; XLA-compiled if `jit`."""
+    import tensorflow as tf
+
+    def dependent_products(a, b, count):
+        def body(i, carry):
+            return i + 1, carry + tf.reduce_sum(product(a + carry * 0.0, b))
+
+        return tf.while_loop(lambda i, _: i < count, body, (tf.constant(0), tf.constant(0.0)))[1]
+
+    return tf.function(dependent_products, jit_compile=jit)
+
+
 def tf_worker(products, jit, repeats):
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(2)
-
-    def dependent_products(a, b, count):
-        # `count` products in one program, each depending on the last (so that none is
-        # hoisted out of the loop or run side by side with another), then one scalar back
-        def body(i, carry):
-            return i + 1, carry + tf.reduce_sum(tf.matmul(a + carry * 0.0, b))
-
-        return tf.while_loop(lambda i, _: i < count, body, (tf.constant(0), tf.constant(0.0)))[1]
-
-    looped = tf.function(dependent_products, jit_compile=jit)
+    looped = tf_dependent_products(tf.matmul, jit)
     result = {}
     for name, (batch, m, k, n) in products.items():
         lead = (batch,) if batch > 1 else ()

@@ -16,16 +16,16 @@ def op_ms_by_type(run, calls=1):
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    folder = tempfile.mkdtemp()
-    tf.profiler.experimental.start(folder)
-    try:
-        for _ in range(calls):
-            run()
-    finally:
-        tf.profiler.experimental.stop()
     space = xplane_pb2.XSpace()
-    with open(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0], "rb") as f:
-        space.ParseFromString(f.read())
+    with tempfile.TemporaryDirectory() as folder:  # the trace is read here, not kept
+        tf.profiler.experimental.start(folder)
+        try:
+            for _ in range(calls):
+                run()
+        finally:
+            tf.profiler.experimental.stop()
+        with open(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0], "rb") as f:
+            space.ParseFromString(f.read())
     ms, count = collections.Counter(), collections.Counter()
     for plane in space.planes:
         if "/host:CPU" not in plane.name:

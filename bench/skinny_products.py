@@ -5,19 +5,20 @@ products of a generation step, which read every weight once per step.
 
 For each weight shape of `wt103_base` (a layer's projections and feed-forward, the
 softmax's head and a tail cluster, float32) and 1 or 8 rows: the rate at which the
-product reads the weight (2 threads, the call's own cost taken off), on the graph kernels
-and under XLA, for the softmax's shapes also with the weight in the output table's layout,
-next to the read bandwidth measured in the same process (`common.read_bandwidth_gbs`). A
-step for 8 rows costs what one row's step costs only when 8 rows read a weight as fast as
-one row does.
+product reads the weight (2 threads, products one after another in one call, the call's
+own cost taken off, as in `bench/gemm_engines.py`), on the graph kernels and under XLA,
+for the softmax's shapes also with the weight in the output table's layout, next to the
+read bandwidth measured in the same process (`common.read_bandwidth_gbs`). A step for 8
+rows costs what one row's step costs only when 8 rows read a weight as fast as one row
+does.
 """
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import read_bandwidth_gbs  # noqa: E402
+from gemm_engines import per_product_ms, tf_dependent_products  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
@@ -26,8 +27,6 @@ import tensorflow as tf  # noqa: E402
 SHAPES = [("query, key, value projection", 410, 1230), ("feed-forward in", 410, 2100),
           ("feed-forward out", 2100, 410), ("softmax head", 410, 20003), ("softmax tail cluster", 410, 160000)]
 
-
-LOOP = 10  # products in one timed call
 
 # (name, the product of rows x and a weight) for a weight kept as (in, out), as the layers'
 # kernels are, and as (out, in), as the adaptive softmax's output tables are (tied to the
@@ -40,34 +39,15 @@ FORMS = {
 
 
 def product_seconds(product, x, w, xla, repeats=10):
-    """Seconds per `product(x, w)`: the best call of `LOOP` products (each on its own input,
-    one after another, a scalar of each kept) less the best call of one, over `LOOP - 1`,
-    so that the ~0.4 ms of a function's call is not counted as product time."""
-
-    def chain(count):
-        def run(x, w):
-            total = tf.zeros(())
-            for i in range(count):
-                total += product(x + float(i) * 1e-7, w)[0, 0]
-            return total
-
-        return tf.function(run, jit_compile=xla)
-
-    best = {}
-    for count in (1, LOOP):
-        f = chain(count)
-        f(x, w).numpy()
-        best[count] = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            f(x, w).numpy()
-            best[count] = min(best[count], time.perf_counter() - start)
-    return (best[LOOP] - best[1]) / (LOOP - 1)
+    """Seconds per `product(x, w)`, each depending on the last in one program, the call's
+    own cost taken off (`gemm_engines`' method)."""
+    looped = tf_dependent_products(product, xla)
+    return per_product_ms(lambda count: looped(x, w, tf.constant(count)).numpy(), repeats) / 1e3
 
 
 def main():
     tf.config.threading.set_intra_op_parallelism_threads(2)
-    tf.config.threading.set_inter_op_parallelism_threads(1)  # the products one at a time
+    tf.config.threading.set_inter_op_parallelism_threads(2)
     print(f"command: python bench/{os.path.basename(__file__)}")
     print(f"read bandwidth (a sum over 256 MB): {read_bandwidth_gbs():.1f} GB/s; GB/s of the weight read "
           "by each product, graph kernels (oneDNN) / XLA")

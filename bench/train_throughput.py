@@ -135,11 +135,7 @@ def txl_worker(args, c):
         from op_profile import op_ms_by_type
 
         trainer.tc.train_steps += args.steps
-
-        def more_steps():
-            trainer.train()
-
-        by_type, total = op_ms_by_type(more_steps)
+        by_type, total = op_ms_by_type(trainer.train)
         result["op_ms"] = {kind: [ms / args.steps, n / args.steps] for kind, (ms, n) in by_type.items()}
         result["op_total_ms"] = total / args.steps
     return result

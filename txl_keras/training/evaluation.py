@@ -81,20 +81,20 @@ class Evaluation:
         # Every function is traced without AutoGraph: its control flow is Python over
         # static shapes, and converting the model's code would only lengthen the trace.
         graph = functools.partial(tf.function, autograph=False)
-        xla = functools.partial(graph, jit_compile=True)
-        self._backbone = xla(self._cached_forward) if whole_backbone else self._cached_forward
+        to_xla = functools.partial(graph, jit_compile=True)
+        self._backbone = to_xla(self._cached_forward) if whole_backbone else self._cached_forward
         self._softmax = self.model.softmax
         if jit and self.compiled:  # one program: backbone and softmax
-            self._forward = xla(self._scored_segment)
+            self._forward = to_xla(self._scored_segment)
         else:
             if self.softmax_in_xla:
-                self._softmax = xla(self.model.softmax)
+                self._softmax = to_xla(self.model.softmax)
             self._forward = self._scored_segment
-        self._store = xla(self.cache.append) if jit else self.cache.append
+        self._store = to_xla(self.cache.append) if jit else self.cache.append
         # Where every step is compiled the reset and the position keys are XLA programs of
         # their own; else they run op by op (as a program the reset costs compiler memory).
-        self._reset = xla(self._reset_memory) if self.compiled else self._reset_memory
-        self._project = xla(self._project_positions) if self.compiled else self._project_positions
+        self._reset = to_xla(self._reset_memory) if self.compiled else self._reset_memory
+        self._project = to_xla(self._project_positions) if self.compiled else self._project_positions
         self._one_step = graph(lambda inputs, targets: self.strategy.run(self.replica_eval, args=(inputs, targets)))
         if self.group:
             self._hold_step = graph(lambda inputs, targets, slot: self.strategy.run(
