@@ -39,7 +39,8 @@ def compile_for_backend(model, fn):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(fn)
+        # Traced as written, as jax.jit traces it (no AutoGraph conversion of the model's code).
+        return tf.function(fn, autograph=False)
     if backend == "jax":
         import jax
 
