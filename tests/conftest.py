@@ -3,12 +3,15 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # pytest-xdist runs several workers on one machine: each worker (and every process its tests
-# start) gets its share of the cores for its operations' thread pool, so that the pools do not
-# oversubscribe the CPU (on 2 cores and 2 workers this halves the suite's time).
+# start) gets its share of the cores for its operations' thread pools, so that the pools do not
+# oversubscribe the CPU (on 2 cores and 2 workers this halves the suite's time). With one
+# inter-op thread the trainer runs each batch in one part (`concurrent_parts`), and a test's
+# step is traced once instead of once per part; the parts are tested with the option set.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 _THREADS = str(max(1, (os.cpu_count() or 1) // _WORKERS)) if _WORKERS > 1 else None
 if _THREADS:
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", _THREADS)
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", _THREADS)
     os.environ.setdefault("OMP_NUM_THREADS", _THREADS)
 if os.environ.get("KERAS_BACKEND") == "jax":  # two host devices for keras.distribution (before JAX loads)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")

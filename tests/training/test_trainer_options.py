@@ -17,14 +17,15 @@ def records(tmp_path_factory):
     return build(str(tmp_path_factory.mktemp("records")))
 
 
-def test_chunks_parts_and_xla_train_the_weights_of_the_one_piece_step(tmp_path, records):
+def test_chunks_parts_and_xla_train_the_weights_of_the_one_piece_step(tmp_path, records, monkeypatch):
     runs = {}
-    cases = (("one piece", {"concurrent_parts": 1}), ("parts", {}), ("chunks", {"batch_chunk": 2, "concurrent_parts": 1}),
+    cases = (("one piece", {"concurrent_parts": 1}), ("parts", {"concurrent_parts": 2}), ("chunks", {"batch_chunk": 2, "concurrent_parts": 1}),
              ("chunks of parts", {"batch_chunk": 2, "concurrent_parts": 2}), ("xla", {"xla": True}))
     for name, options in cases:
         trainer = make(tmp_path, records, model_dir=name, train_steps=4, **options)
         trainer.train()
         runs[name] = weights(trainer)
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
     assert make(tmp_path, records, model_dir="p").parts == 2  # the default on a CPU
     for name, _ in cases[1:]:
         for a, b in zip(runs["one piece"], runs[name]):
@@ -51,13 +52,17 @@ def test_batch_chunks_run_one_after_another(tmp_path):
     assert peaks[2] < 0.75 * peaks[1], peaks  # about half: one chunk's activations at a time
 
 
-def test_concurrent_parts_default_and_domain():
+def test_concurrent_parts_default_and_domain(monkeypatch):
     from txl_keras.training import TrainConfig
     from txl_keras.training.trainer import concurrent_parts
 
     def config(**fields):
         return TrainConfig(model_dir="m", records_dir="r", train_batch_size=12, **fields)
 
+    for value, parts in (("1", 1), ("2", 2), ("many", 2)):  # TensorFlow's environment setting
+        monkeypatch.setenv("TF_NUM_INTEROP_THREADS", value)
+        assert concurrent_parts(config(), 12, compiled=False) == parts, value
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS")
     assert concurrent_parts(config(), 12, compiled=False) == 2  # a CPU, op by op
     assert concurrent_parts(config(), 12, compiled=True) == 1  # under XLA
     assert concurrent_parts(config(batch_chunk=4), 12, compiled=False) == 1  # chunks of 3 rows

@@ -54,21 +54,28 @@ def concurrent_parts(train_config, per_replica, compiled):
     which TensorFlow's executor runs on its inter-op threads at once: on a CPU, one part's
     small and memory-bound operations fill the cores while the other's wait. Under XLA,
     and on GPUs, one part per chunk. `train_config.concurrent_parts` 0 chooses: 2 on CPUs when the
-    steps are not compiled, TensorFlow has more than one inter-op thread and each chunk's
-    rows divide in two, else 1."""
+    steps are not compiled, TensorFlow has more than one inter-op thread (as configured, else
+    `TF_NUM_INTEROP_THREADS`, else one per core) and each chunk's rows divide in two, else 1."""
     chunks = train_config.batch_chunk
     if per_replica % chunks:
         raise ValueError(f"`batch_chunk`={chunks} must divide each replica's batch of {per_replica} streams.")
     parts = train_config.concurrent_parts
     if parts == 0:
         on_cpu = not compiled and not tf.config.list_logical_devices("GPU")
-        threads = tf.config.threading.get_inter_op_parallelism_threads()  # 0: one per core
+        threads = tf.config.threading.get_inter_op_parallelism_threads() or _environment_threads()  # 0: per core
         side_by_side = threads > 1 or (threads == 0 and (os.cpu_count() or 1) > 1)
         return 2 if on_cpu and side_by_side and (per_replica // chunks) % 2 == 0 else 1
     if (per_replica // chunks) % parts:
         raise ValueError(f"`concurrent_parts`={parts} must divide each chunk of {per_replica // chunks} streams "
                          f"(batch_chunk={chunks}, {per_replica} streams per replica).")
     return parts
+
+
+def _environment_threads():
+    """TensorFlow's inter-op thread count from `TF_NUM_INTEROP_THREADS` (0 where unset or not
+    a count, as TensorFlow reads it)."""
+    value = os.environ.get("TF_NUM_INTEROP_THREADS", "")
+    return int(value) if value.isdigit() else 0
 
 
 def _progress(total, title, log):
