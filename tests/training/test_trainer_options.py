@@ -19,7 +19,8 @@ def records(tmp_path_factory):
 
 def test_chunks_parts_and_xla_train_the_weights_of_the_one_piece_step(tmp_path, records, monkeypatch):
     runs = {}
-    cases = (("one piece", {"concurrent_parts": 1}), ("parts", {"concurrent_parts": 2}), ("chunks", {"batch_chunk": 2, "concurrent_parts": 1}),
+    cases = (("one piece", {"concurrent_parts": 1}), ("parts", {"concurrent_parts": 2}),
+             ("chunks", {"batch_chunk": 2, "concurrent_parts": 1}),
              ("chunks of parts", {"batch_chunk": 2, "concurrent_parts": 2}), ("xla", {"xla": True}))
     for name, options in cases:
         trainer = make(tmp_path, records, model_dir=name, train_steps=4, **options)

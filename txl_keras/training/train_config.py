@@ -42,7 +42,8 @@ class TrainConfig:
     concurrent_parts: int = _field(0, "Split each chunk into this many parts whose forward and backward passes "
                                    "run side by side (TensorFlow's inter-op threads; gradients summed); 0: 2 on "
                                    "CPUs when the steps are not XLA-compiled, TensorFlow has more than one "
-                                   "inter-op thread (TF_NUM_INTEROP_THREADS) and the rows divide, else 1.", "speed and precision")
+                                   "inter-op thread (TF_NUM_INTEROP_THREADS) and the rows divide, else 1.",
+                                   "speed and precision")
     iterations: int = _field(200, "Steps per host-loop call, and the logging interval.", "training")
     save_steps: int = _field(1000, "Save a checkpoint every this many steps (0: only at the end).", "checkpoints")
     keep_checkpoint_max: int = _field(5, "Checkpoints to keep (>= 1).", "checkpoints")
