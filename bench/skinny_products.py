@@ -7,7 +7,8 @@ For each weight shape of `wt103_base` (a layer's projections and feed-forward, t
 softmax's head and a tail cluster, float32) and 1 or 8 rows: the rate at which the
 product reads the weight (2 threads, products one after another in one call, the call's
 own cost taken off, as in `bench/gemm_engines.py`), on the graph kernels and under XLA,
-for the softmax's shapes also with the weight in the output table's layout, next to the
+for the softmax's shapes also with the weight in the output table's layout (one product,
+or a batch of the table's row pieces, `kernels.tables.chunked_rows_times_table`), next to the
 read bandwidth measured in the same process (`common.read_bandwidth_gbs`). A step for 8
 rows costs what one row's step costs only when 8 rows read a weight as fast as one row
 does.
@@ -23,6 +24,8 @@ from gemm_engines import per_product_ms, tf_dependent_products  # noqa: E402
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
+from txl_keras.kernels.tables import chunked_rows_times_table  # noqa: E402
+
 # (what, rows of W, columns of W)
 SHAPES = [("query, key, value projection", 410, 1230), ("feed-forward in", 410, 2100),
           ("feed-forward out", 2100, 410), ("softmax head", 410, 20003), ("softmax tail cluster", 410, 160000)]
@@ -30,11 +33,13 @@ SHAPES = [("query, key, value projection", 410, 1230), ("feed-forward in", 410, 
 
 # (name, the product of rows x and a weight) for a weight kept as (in, out), as the layers'
 # kernels are, and as (out, in), as the adaptive softmax's output tables are (tied to the
-# embedding): the plain product and `kernels.tables.rows_times_table`'s form for few rows
+# embedding): the plain product and `kernels.tables.rows_times_table`'s forms for few rows
+# (one product of the whole table, or a batch of its row pieces)
 FORMS = {
     "kernel": [("x @ W", lambda x, w: x @ w)],
     "table": [("x @ T^T", lambda x, t: tf.linalg.matmul(x, t, transpose_b=True)),
-              ("(T @ x^T)^T", lambda x, t: tf.transpose(tf.linalg.matmul(t, x, transpose_b=True)))],
+              ("(T @ x^T)^T", lambda x, t: tf.transpose(tf.linalg.matmul(t, x, transpose_b=True))),
+              ("T in pieces", lambda x, t: chunked_rows_times_table(x, t))],
 }
 
 

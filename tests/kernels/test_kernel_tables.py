@@ -1,5 +1,6 @@
 """Products with large tables against their references: `row_blocks` (shared aligned
-views) and `rows_times_table` (a few rows against a tall table, computed transposed)."""
+views), `rows_times_table` (a few rows against a tall table, computed transposed) and
+`chunked_rows_times_table` (a tall table as a batch of row pieces)."""
 
 import keras
 import numpy as np
@@ -39,5 +40,43 @@ def test_few_rows_against_a_large_table_give_the_reference_logits():
         dynamic = tf.function(lambda x: tables.rows_times_table(x, tf.constant(table)),
                               input_signature=[tf.TensorSpec([None, 128], tf.float32)])
         for n in (3, 700):
+            x = rng.normal(size=(n, 128)).astype("float32")
+            np.testing.assert_allclose(dynamic(x).numpy(), x @ table.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows,chunk", [(4096, 1024), (5000, 1024), (4099, 16), (37, 16)])
+def test_a_table_in_row_pieces_gives_the_reference_logits(rows, chunk):
+    """The pieces cover every row once, the last partial piece included, in order: each
+    column of the result is a brute-force dot product of its row of `x` and row of the table."""
+    rng = np.random.default_rng(rows)
+    table = rng.normal(size=(rows, 64)).astype("float32")
+    for n in (1, 2, 8, 15):
+        x = rng.normal(size=(n, 64)).astype("float32")
+        got = to_np(tables.chunked_rows_times_table(ops.convert_to_tensor(x), ops.convert_to_tensor(table), chunk))
+        want = np.einsum("nw,rw->nr", x.astype("float64"), table.astype("float64"))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_two_to_fifteen_rows_take_the_row_pieces_on_tensorflow(monkeypatch):
+    """Which form `rows_times_table` takes for a tall wide table, by the rows of `x`
+    (statically and, on TensorFlow, by a runtime branch), each giving the reference logits."""
+    rng = np.random.default_rng(5)
+    table = rng.normal(size=(4 * tables.CHUNK + 7, 128)).astype("float32")
+    taken = []
+    chunked = tables.chunked_rows_times_table
+    monkeypatch.setattr(tables, "chunked_rows_times_table", lambda *a: taken.append(1) or chunked(*a))
+    expect = keras.config.backend() == "tensorflow"
+    for n, pieces in [(1, False), (2, expect), (8, expect), (15, expect), (16, False), (200, False)]:
+        x = rng.normal(size=(n, 128)).astype("float32")
+        taken.clear()
+        got = to_np(tables.rows_times_table(ops.convert_to_tensor(x), ops.convert_to_tensor(table)))
+        assert bool(taken) == pieces, n
+        np.testing.assert_allclose(got, x @ table.T, rtol=1e-4, atol=1e-4)
+    if expect:
+        import tensorflow as tf
+
+        dynamic = tf.function(lambda x: tables.rows_times_table(x, tf.constant(table)),
+                              input_signature=[tf.TensorSpec([None, 128], tf.float32)])
+        for n in (1, 8, 16, 300):
             x = rng.normal(size=(n, 128)).astype("float32")
             np.testing.assert_allclose(dynamic(x).numpy(), x @ table.T, rtol=1e-4, atol=1e-4)
