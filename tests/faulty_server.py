@@ -111,7 +111,7 @@ def faulty_server(root):
     faults, requests = Faults(), []
     handler = functools.partial(FaultyHandler, root=root, faults=faults, requests=requests)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)  # shut down within 10 ms
     thread.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}", faults, requests

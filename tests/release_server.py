@@ -70,7 +70,7 @@ def serve(root):
     for name in STAND_INS:
         write_release(root, name)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)  # shut down within 10 ms
     thread.start()
     try:
         yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
