@@ -18,26 +18,33 @@ if os.environ.get("KERAS_BACKEND") == "jax":  # two host devices for keras.distr
     if _THREADS and "intra_op_parallelism_threads" not in os.environ["XLA_FLAGS"]:
         os.environ["XLA_FLAGS"] += f" --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={_THREADS}"
 sys.path.insert(0, os.path.dirname(__file__))
-if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
-    # TensorFlow's start-up notices kept off the test log, as the programs keep them off theirs.
-    import importlib.util  # (txl_io/startup.py alone: the package itself imports TensorFlow)
-
-    _spec = importlib.util.spec_from_file_location(
-        "_startup", os.path.join(os.path.dirname(__file__), "..", "txl_io", "startup.py"))
-    _startup = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_startup)
-    _startup.quiet_tensorflow()
-
-import keras  # noqa: E402
-
-if keras.config.backend() == "tensorflow":
-    import tensorflow as tf
-
-    # Two logical CPU devices, so MirroredStrategy tests have two replicas.
-    _cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist has registered its controller
+def pytest_configure(config):
+    """Load the backend in a process that runs tests; pytest-xdist's controller, which only
+    hands tests out, starts the workers without spending seconds importing TensorFlow."""
+    if config.pluginmanager.hasplugin("dsession"):
+        return
+    if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+        # TensorFlow's start-up notices kept off the test log, as the programs keep them off theirs.
+        import importlib.util  # (txl_io/startup.py alone: the package itself imports TensorFlow)
+
+        spec = importlib.util.spec_from_file_location(
+            "_startup", os.path.join(os.path.dirname(__file__), "..", "txl_io", "startup.py"))
+        startup = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(startup)
+        startup.quiet_tensorflow()
+    import keras
+
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        # Two logical CPU devices, so MirroredStrategy tests have two replicas.
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
 # The folders whose modules train, export or start processes, in the order they are handed
@@ -70,6 +77,8 @@ def mirrored():
 
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
+    import keras
+
     keras.utils.set_random_seed(1234)
     keras.config.set_dtype_policy("float32")
     yield
@@ -77,6 +86,8 @@ def _seed_and_policy():
 
 
 def to_np(x):
+    import keras
+
     return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
 
 
@@ -114,6 +125,8 @@ def randomize(layer, scale=0.3, seed=0):
 
 def gradient(fn, x):
     """d sum(fn(x)) / dx as numpy (zeros where nothing flows), on TF, JAX or torch."""
+    import keras
+
     backend = keras.config.backend()
     if backend == "tensorflow":
         import tensorflow as tf
