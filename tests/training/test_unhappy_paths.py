@@ -217,14 +217,19 @@ def program_of(case):
 
 
 def test_every_program_reports_bad_input_the_same_in_a_process_of_its_own(world):
-    """One case of each program as a user runs it: a Python process of its own."""
+    """One case of each program as a user runs it: a Python process of its own, TensorFlow's
+    log level unset. Its whole stderr is the one error line: the program keeps TensorFlow's
+    start-up notices off (tests/package/test_program_output.py brings them back)."""
     root = str(world)
     before = snapshot(root)
     firsts = list({program_of(case): case for case in reversed(CASES)}.values())
     assert len(firsts) == 6, [program_of(c) for c in firsts]
+    as_users = {k: v for k, v in env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda case: run(command(case[1], root), timeout=120), firsts))
+        results = list(pool.map(lambda case: run(command(case[1], root), timeout=120, env=as_users), firsts))
     assert not _failures(firsts, results), "\n".join(_failures(firsts, results))
+    for case, result in zip(firsts, results):
+        assert result.stderr.splitlines() == error_line(result), (case[0], result.stderr)
     assert snapshot(root) == before
 
 
