@@ -25,7 +25,7 @@ the newest; the rest are masked):
   the whole generation in the graph, each prompt as `TransformerXLCausalLM.generate`
   continues it alone, to the vocabulary's end symbol (`temperature` 0: greedy; `top_k` 0:
   every token). `serving_default` is `generate`: text in, text out in one call, what a
-  server that knows nothing of the memory wants.
+  server that knows nothing of the memory wants (without a vocabulary, `initial_memory`).
 Token ids outside `[0, n_token)` and `memory_valid` outside `[0, mem_len]` are refused (an
 `InvalidArgumentError` naming the argument). The attribute functions take the same
 argument names as the signatures. The result loads with `tf.saved_model.load` in a process
@@ -34,7 +34,6 @@ without txl_keras. The output may be any `tf.io.gfile` path (local, gs://, ...).
 
 import json
 
-import keras
 import tensorflow as tf
 
 from txl_io import files
@@ -59,24 +58,29 @@ def export_saved_model(model, path, vocabulary=None, mem_len=None, clamp_len=Non
         raise ValueError(f"The vocabulary has {len(vocabulary)} symbols but the model has n_token="
                          f"{serving.n_token}; export it with the vocabulary its records were built with "
                          "(--vocab).")
-    archive = keras.export.ExportArchive()
-    archive.track(model)
+    served = tf.__internal__.tracking.AutoTrackable()  # the weights, the tokenizer's table, the endpoints
+    served.variables = list(model.variables)
     endpoints = {}
     if vocabulary is not None:
         tokenizer = TransformerXLTokenizer(vocabulary)
-        archive.track(tokenizer._table)
-        # The first endpoint is also the `serving_default` signature (Keras's rule): `generate`,
-        # traced and saved once under both names.
+        served.table = tokenizer._table
         endpoints["generate"] = _generate_signature(model, serving, tokenizer)
         endpoints.update(_text_signatures(tokenizer))
     endpoints.update(_signatures(model, serving))
-    # Traced without AutoGraph, as Keras traces an endpoint: the control flow is written as
-    # graph ops, and converting every function the trace calls cost half the export's time.
+    # Each endpoint is traced once, without AutoGraph (the control flow is written as graph
+    # ops), and saved as that concrete function: as an attribute and as its signature. A
+    # `tf.function` would be traced again inside `tf.saved_model.save`, whose context is part
+    # of the trace's key, doubling the export's time.
+    signatures = {}
     for name, (function, spec) in endpoints.items():
-        archive.add_endpoint(name, function, input_signature=spec)
+        signatures[name] = tf.function(function, input_signature=spec, autograph=False).get_concrete_function()
+        setattr(served, name, signatures[name])
+    # `serving_default`: the first endpoint, `generate` (text in, text out) where there is a
+    # vocabulary, else `initial_memory`.
+    signatures["serving_default"] = signatures[next(iter(endpoints))]
     with files.staged_folder(path, "an export", last="saved_model.pb") as staging:
         with files.reporting(path):
-            archive.write_out(staging, verbose=False)
+            tf.saved_model.save(served, staging, signatures=signatures)
         if vocabulary is not None:
             vocabulary.save(files.join(staging, "assets", VOCAB_ASSET))
         files.atomic_write(files.join(staging, EXPORT_INFO),
