@@ -58,8 +58,9 @@ def test_a_table_in_row_pieces_gives_the_reference_logits(rows, chunk):
 
 
 def test_two_to_fifteen_rows_take_the_row_pieces_on_tensorflow(monkeypatch):
-    """Which form `rows_times_table` takes for a tall wide table, by the rows of `x`
-    (statically and, on TensorFlow, by a runtime branch), each giving the reference logits."""
+    """Which form `rows_times_table(pieces=True)` takes for a tall wide table, by the rows of
+    `x` (statically and, on TensorFlow, by a runtime branch), each giving the reference
+    logits; without `pieces`, never the pieces."""
     rng = np.random.default_rng(5)
     table = rng.normal(size=(4 * tables.CHUNK + 7, 128)).astype("float32")
     taken = []
@@ -69,13 +70,16 @@ def test_two_to_fifteen_rows_take_the_row_pieces_on_tensorflow(monkeypatch):
     for n, pieces in [(1, False), (2, expect), (8, expect), (15, expect), (16, False), (200, False)]:
         x = rng.normal(size=(n, 128)).astype("float32")
         taken.clear()
-        got = to_np(tables.rows_times_table(ops.convert_to_tensor(x), ops.convert_to_tensor(table)))
+        got = to_np(tables.rows_times_table(ops.convert_to_tensor(x), ops.convert_to_tensor(table), pieces=True))
         assert bool(taken) == pieces, n
         np.testing.assert_allclose(got, x @ table.T, rtol=1e-4, atol=1e-4)
+        taken.clear()
+        tables.rows_times_table(ops.convert_to_tensor(x), ops.convert_to_tensor(table))
+        assert not taken
     if expect:
         import tensorflow as tf
 
-        dynamic = tf.function(lambda x: tables.rows_times_table(x, tf.constant(table)),
+        dynamic = tf.function(lambda x: tables.rows_times_table(x, tf.constant(table), pieces=True),
                               input_signature=[tf.TensorSpec([None, 128], tf.float32)])
         for n in (1, 8, 16, 300):
             x = rng.normal(size=(n, 128)).astype("float32")

@@ -62,11 +62,12 @@ def chunked_rows_times_table(x, table, chunk=CHUNK):
     return ops.transpose(out)
 
 
-def rows_times_table(x, table):
+def rows_times_table(x, table, pieces=False):
     """`rows_times_table_reference`, computed as `(table @ x^T)^T` for a few rows of `x`
     against a large table (a tail cluster's tokens, a short segment): CPU matrix products
-    stream a tall table far better than they broadcast a few rows over it. On TensorFlow,
-    2 to 15 rows (a batch of generation steps) take `chunked_rows_times_table`."""
+    stream a tall table far better than they broadcast a few rows over it. With `pieces`
+    (the whole table at a generation step) 2 to 15 rows take `chunked_rows_times_table` on
+    TensorFlow; the streamed NLL's pieces of a table do not (measured slower there)."""
     rows, width = table.shape
     plain = lambda: rows_times_table_reference(x, table)  # noqa: E731
     few = lambda: ops.transpose(ops.matmul(table, ops.transpose(x)))  # noqa: E731
@@ -75,7 +76,7 @@ def rows_times_table(x, table):
     if width < 128:  # narrow tables (div_val > 1 tails): the plain product is as fast
         return plain()
     low, high = CHUNKED_ROWS
-    chunks = keras.config.backend() == "tensorflow" and rows >= 4 * CHUNK
+    chunks = pieces and keras.config.backend() == "tensorflow" and rows >= 4 * CHUNK
     if n is not None:
         if n * FEW_ROWS > rows:
             return plain()

@@ -207,8 +207,10 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return ops.cast(logits, "float32") + ops.cast(bias, "float32")
 
     def _times_table(self, x, table):
-        product = tables.rows_times_table if kernels.fast_kernels_enabled() else tables.rows_times_table_reference
-        return product(x, ops.cast(table, self.compute_dtype))
+        """`x @ table^T` with the whole table (`log_probs`): a few rows take its row pieces."""
+        if not kernels.fast_kernels_enabled():
+            return tables.rows_times_table_reference(x, ops.cast(table, self.compute_dtype))
+        return tables.rows_times_table(x, ops.cast(table, self.compute_dtype), pieces=True)
 
     def _log_softmax_of(self, hidden, blocks, bias, proj):
         return ops.log_softmax(self._logits_of(hidden, blocks, bias, proj), axis=-1)
