@@ -184,3 +184,31 @@ def test_the_saved_models_generate_is_the_tasks_generate_without_txl_keras(expor
     assert served["greedy"] == greedy and served["serving_default"] == greedy
     assert served["top_k"] == lm.generate(PROMPTS, max_new_tokens=9, sampler=TopKSampler(k=3, temperature=0.8, seed=7))
     assert served["random"] == lm.generate(PROMPTS, max_new_tokens=9, sampler=RandomSampler(temperature=0.9, seed=5))
+
+
+def test_the_export_traces_each_endpoint_once(tmp_path, monkeypatch):
+    """Counted by the model's cached calls: an export makes as many as one trace of each
+    endpoint made by hand (a second trace inside `tf.saved_model.save` would double them)."""
+    import tensorflow as tf
+
+    from tf_records.vocabulary import Vocabulary
+    from txl_keras import export
+    from txl_keras.tokenizers import TransformerXLTokenizer
+
+    vocab = Vocabulary(GENERATOR_WORDS, add_eos=True, unk_symbol="<unk>")
+    model = TransformerXLLM(TransformerXLConfig.from_preset("tiny", n_token=len(vocab), cutoffs=[], tgt_len=4,
+                                                            mem_len=6, clamp_len=3))
+    calls = []
+    call_with_cache = TransformerXLLM.call_with_cache
+    monkeypatch.setattr(TransformerXLLM, "call_with_cache",
+                        lambda self, *a, **k: calls.append(1) or call_with_cache(self, *a, **k))
+    serving = model.config.with_memory(None, None, None)
+    endpoints = {"generate": export._generate_signature(model, serving, TransformerXLTokenizer(vocab)),
+                 **export._signatures(model, serving)}
+    for function, spec in endpoints.values():
+        tf.function(function, input_signature=spec, autograph=False).get_concrete_function()
+    once = len(calls)
+    assert once > len(endpoints) - 1  # every endpoint but initial_memory runs the model
+    calls.clear()
+    export.export_saved_model(model, str(tmp_path / "saved"), vocab)
+    assert len(calls) == once
