@@ -89,15 +89,16 @@ def read_bandwidth_gbs(megabytes=256, repeats=8):
     return best
 
 
-def matmul_ceiling_gflops(sizes=(1024, 2048), repeats=8):
-    """Best fp32 matmul rate of this process's TensorFlow over square sizes, GFLOP/s."""
+def matmul_ceiling_gflops(sizes=(1024, 2048), repeats=8, dtype="float32"):
+    """Best matmul rate of this process's TensorFlow over square sizes, GFLOP/s, in
+    `dtype` (float32, or bfloat16: what mixed_bfloat16's products can reach)."""
     import tensorflow as tf
 
     f = tf.function(lambda a, b: tf.linalg.matmul(a, b))
     best = 0.0
     for size in sizes:
-        a = tf.random.normal([size, size])
-        b = tf.random.normal([size, size])
+        a = tf.cast(tf.random.normal([size, size]), dtype)
+        b = tf.cast(tf.random.normal([size, size]), dtype)
         f(a, b).numpy()
         for _ in range(repeats):
             start = time.perf_counter()

@@ -45,8 +45,10 @@ def op_ms_by_type(run, calls=1):
     return by_type, sum(ms.values())
 
 
-def print_op_profile(by_type, total, wall_ms, top=14):
-    """The `top` op types by time, with their share of the op time."""
-    print(f"op time {total:.0f} ms per step (wall {wall_ms:.0f} ms; ops on two inter-op threads overlap):")
+def print_op_profile(by_type, total, wall_ms, top=14, overlap=True):
+    """The `top` op types by time, with their share of the op time (`overlap`: ops ran on
+    several inter-op threads at once)."""
+    note = "; ops on two inter-op threads overlap" if overlap else "; one op at a time"
+    print(f"op time {total:.0f} ms per step (wall {wall_ms:.0f} ms{note}):")
     for kind, (ms, n) in sorted(by_type.items(), key=lambda item: -item[1][0])[:top]:
         print(f"  {kind:<32} {ms:8.1f} ms {100 * ms / total:5.1f}%  {n:6.0f} ops")

@@ -23,7 +23,12 @@ the code before it in one run. Token ids are Zipf-like
 every token in a tail cluster, which no corpus does). `--profile` also times the adaptive
 embedding and softmax alone (forward + backward on the same batch) and prints their share
 of the step's time next to their share of its FLOPs; `--ops` prints our step's op time by
-op type, from the TensorFlow profiler's trace of one more call of `--steps` steps.
+op type, from the TensorFlow profiler's trace of one more call of `--steps` steps, and the
+most tokens/s the step's matrix products alone allow at the rate they ran; with
+`--one_op_at_a_time` ours runs on one inter-op thread in one part, so that op times add up
+to the step's. Every run also prints the most tokens/s the measured matrix-product ceiling
+allows (100% MFU; for mixed_bfloat16 the bfloat16 ceiling too) and the MFU 3x each
+PyTorch side's best would need.
 """
 
 import argparse
@@ -102,7 +107,8 @@ def txl_worker(args, c):
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1 if args.xla else args.threads)
+    sequential = args.xla or args.one_op_at_a_time
+    tf.config.threading.set_inter_op_parallelism_threads(1 if sequential else args.threads)
     from tf_records.records import write_split
     from txl_keras.training import TrainConfig, Trainer
 
@@ -117,7 +123,8 @@ def txl_worker(args, c):
     config = model_config(c, dropout=0.1, dropatt=0.0)
     tc = TrainConfig(model_dir=tempfile.mkdtemp(), records_dir=records, train_batch_size=c["batch"],
                      train_steps=args.warmup, iterations=args.warmup, save_steps=0, xla=args.xla,
-                     precision=args.precision, deterministic=False)
+                     precision=args.precision, deterministic=False,
+                     concurrent_parts=1 if args.one_op_at_a_time else 0)
     trainer = Trainer(tf.distribute.get_strategy(), config, tc, log=lambda *_: None)
     trainer.save = lambda: None  # a run's closing checkpoint is not a step: not timed
     trainer.train()
@@ -129,6 +136,8 @@ def txl_worker(args, c):
     result = {"tokens_per_s": tokens_per_step * args.steps / elapsed, "peak_rss_mb": peak_rss_mb(),
               "framework_rss_mb": framework_mb, "ceiling_gflops": matmul_ceiling_gflops(),
               "step_s": elapsed / args.steps}
+    if args.precision == "mixed_bfloat16":
+        result["bf16_ceiling_gflops"] = matmul_ceiling_gflops(dtype="bfloat16")
     if args.profile and c["cutoffs"]:
         result["adaptive_s"] = adaptive_profile(trainer, c, ids)
     if args.ops:  # one more call of --steps steps, traced by the profiler
@@ -246,6 +255,25 @@ def original_worker(args, c):
     return timed_torch_steps(step, args, tokens_per_step, framework_mb)
 
 
+def print_bounds(ours, rates, flops, ceiling):
+    """What 3x each PyTorch side's best would take: tokens/s and the MFU over the measured
+    matrix-product ceiling (float32, and bfloat16's where measured), against the most
+    tokens/s that ceiling allows at the model's FLOPs per token."""
+    ceilings = [("float32", ceiling)]
+    bf16 = [r["bf16_ceiling_gflops"] for r in ours if "bf16_ceiling_gflops" in r]
+    if bf16:
+        ceilings.append(("bfloat16", max(bf16)))
+    for name, gflops in ceilings:
+        bound = gflops * 1e9 / flops
+        line = f"{name} ceiling {gflops:.0f} GFLOP/s: at most {bound:,.0f} tokens/s at 100% MFU; " \
+            f"ours {max(rates['txl_keras']) / bound:.1%}"
+        for impl in ("hf", "original"):
+            if impl in rates:
+                needed = 3 * max(rates[impl])
+                line += f"; 3x {impl}'s best {needed:,.0f} tokens/s needs {needed / bound:.1%}"
+        print(line)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="char_small", choices=CONFIG_NAMES)
@@ -267,6 +295,8 @@ def main():
                         help="token id distribution (default: zipf with cutoffs, else uniform)")
     parser.add_argument("--profile", action="store_true", help="time the adaptive layers alone too")
     parser.add_argument("--ops", action="store_true", help="our step's op time by op type (the profiler's trace)")
+    parser.add_argument("--one_op_at_a_time", action="store_true",
+                        help="ours on one inter-op thread and in one part: with --ops, op times add up to the step's")
     args = parser.parse_args()
     c = json.loads(args.config_json) if args.config_json else configs()[args.config]
     args.ids = args.ids or ("zipf" if c["cutoffs"] else "uniform")
@@ -281,7 +311,8 @@ def main():
     common = ["--config", args.config, "--warmup", str(args.warmup), "--steps", str(args.steps),
               "--threads", str(args.threads), "--ids", args.ids, "--config_json", json.dumps(c)]
     ours_args = common + ["--impl", "txl_keras", "--precision", args.precision] + (["--xla"] if args.xla else []) \
-        + (["--profile"] if args.profile else []) + (["--ops"] if args.ops else [])
+        + (["--profile"] if args.profile else []) + (["--ops"] if args.ops else []) \
+        + (["--one_op_at_a_time"] if args.one_op_at_a_time else [])
     workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ours_args))]
     if args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
@@ -312,6 +343,7 @@ def main():
     for impl in ("baseline", "hf", "original"):
         if impl in rates:
             print(ratio_line(impl, rates["txl_keras"], rates[impl]))
+    print_bounds(results["txl_keras"], rates, flops, ceiling)
     profiles = [r for r in results["txl_keras"] if "adaptive_s" in r]
     if profiles:
         run = min(profiles, key=lambda r: r["step_s"])
@@ -329,7 +361,12 @@ def main():
 
         run = min(traced, key=lambda r: r["step_s"])
         print_op_profile({kind: tuple(v) for kind, v in run["op_ms"].items()}, run["op_total_ms"],
-                         run["step_s"] * 1e3)
+                         run["step_s"] * 1e3, overlap=not args.one_op_at_a_time)
+        products = sum(ms for kind, (ms, _) in run["op_ms"].items() if "MatMul" in kind)
+        tokens = c["batch"] * c["tgt_len"]
+        print(f"matrix products: {products:.0f} ms per step, {flops * tokens / products / 1e6:.0f} GFLOP/s over the "
+              f"model's FLOPs; the products alone at that rate: at most {tokens / products * 1e3:,.0f} tokens/s"
+              + ("" if args.one_op_at_a_time else " (ops overlap: run with --one_op_at_a_time for the floor)"))
 
 
 if __name__ == "__main__":
