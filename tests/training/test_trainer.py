@@ -71,8 +71,8 @@ def test_memory_persists_across_host_loop_calls(tmp_path):
 @pytest.mark.parametrize("eval_settings", [  # other tgt/mem/clamp/same_length: test_trainer_options.py
     {},
     {"model": {"pre_lnorm": True, "mem_init": "zeros"}},  # cached keys/values of a zero memory
-    # the position keys projected once per pass (at batch 1 they are not: POSITION_KEYS_SHARE)
-    {"model": {"pre_lnorm": True, "mem_init": "zeros"}, "position_keys_share": float("inf")},
+    # the position keys projected in each segment, not kept for the pass (POSITION_KEYS_SHARE)
+    {"model": {"pre_lnorm": True, "mem_init": "zeros"}, "position_keys_share": 0.0},
     # an adaptive softmax scores 3 segments per call (SCORE_TOKENS), the last group partial
     {"model": {"cutoffs": [5, 12], "div_val": 2, "d_embed": 16}, "score_tokens": 24},
 ])
@@ -82,7 +82,7 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypat
 
     eval_settings = dict(eval_settings)
     monkeypatch.setattr(evaluation, "SCORE_TOKENS", eval_settings.pop("score_tokens", 0))
-    keep_positions = "position_keys_share" in eval_settings
+    keep_positions = "position_keys_share" not in eval_settings  # a small model keeps them
     monkeypatch.setattr(evaluation, "POSITION_KEYS_SHARE",
                         eval_settings.pop("position_keys_share", evaluation.POSITION_KEYS_SHARE))
     projected = []
@@ -118,6 +118,28 @@ def test_evaluation_equals_direct_computation_over_the_split(tmp_path, monkeypat
         total += float(np.sum(out["nll"]))
     assert result["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
     assert result["bpc"] == pytest.approx(result["loss"] / math.log(2))
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_position_keys_are_kept_by_their_share_of_the_held_bytes(tmp_path, monkeypatch, batch):
+    from txl_keras.training import evaluation
+
+    trainer = make(tmp_path, build(str(tmp_path), eval_batch=batch), eval_batch_size=batch)
+    settings, tgt_len = trainer.eval_settings()
+    kept = trainer.evaluation(settings, tgt_len)
+    assert kept.position_keys  # a small model keeps them at the default share
+    # The bytes counted here: float32 weights, the rings' variables, one key per distinct distance.
+    held = 4 * trainer.model.count_params() + sum(4 * math.prod(ring.shape) for ring in kept.cache.rings)
+    distances = settings.mem_len + tgt_len  # one per distance (clamp_len <= 0: none clamped)
+    if settings.clamp_len and settings.clamp_len > 0:
+        distances = min(distances, settings.clamp_len + 1)
+    keys = 4 * settings.n_layer * settings.n_head * settings.d_head * distances
+    assert [tuple(k.shape) for k in kept.position_keys] == [(settings.n_head, settings.d_head, distances)] * \
+        settings.n_layer
+    for share, keep in ((keys / held * 1.001, True), (keys / held * 0.999, False)):
+        monkeypatch.setattr(evaluation, "POSITION_KEYS_SHARE", share)
+        trainer._evaluations.clear()
+        assert bool(trainer.evaluation(settings, tgt_len).position_keys) == keep
 
 
 def test_two_replicas_score_held_segments_like_one_device(tmp_path, mirrored, monkeypatch):

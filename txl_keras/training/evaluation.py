@@ -2,6 +2,7 @@
 each replica keeps in place between segments."""
 
 import functools
+import math
 
 import tensorflow as tf
 
@@ -14,8 +15,10 @@ from txl_keras.training.block_program import SharedBlockProgram
 # this many tokens per call: a tail cluster's logits cost a read of its whole table whatever
 # the token count, so scoring several segments at once reads each table once for all.
 SCORE_TOKENS = 1024
-# The position keys are projected once per pass when they take at most this share of the
-# memory's keys and values (else in each segment's blocks, in less memory).
+# The position keys are projected once per pass when they take at most this share of what
+# evaluation holds anyway, the weights and the memory's keys and values (else in each
+# segment's blocks, in less memory): projecting `clamp_len + 1` keys per layer costs as much
+# as a segment's products with 1,000 of them, so keeping them saves 10-30% of a pass.
 POSITION_KEYS_SHARE = 1 / 8
 
 
@@ -52,13 +55,12 @@ class Evaluation:
         backbone = model.backbone
         groups, width = backbone.cache_layout
         # The position keys of every segment, projected once per pass where they are small
-        # beside the memory's keys and values.
+        # beside the weights and the memory's keys and values.
         rows = distinct_distances(settings.mem_len + tgt_len, settings.clamp_len) if settings.attn_type == 0 else 0
         with strategy.scope():
             self.cache = CacheStore(settings.mem_len, settings.n_layer, groups, width, batch, tgt_len - settings.ext_len,
                                     dtype=model.dtype_policy)
-            # (a memory row has 2 * n_head * d_head keys and values, a position n_head * d_head keys)
-            keep = settings.attn_type == 0 and rows <= POSITION_KEYS_SHARE * 2 * batch * self.cache.capacity
+            keep = settings.attn_type == 0 and self._position_keys_bytes(rows) <= POSITION_KEYS_SHARE * self._held_bytes()
             self.position_keys = [state_variable("zeros", (settings.n_head, settings.d_head, rows),
                                                  model.compute_dtype, f"position_keys_{i}")
                                   for i in range(settings.n_layer)] if keep else []
@@ -70,6 +72,17 @@ class Evaluation:
                 self.held_targets = state_variable("zeros", (self.group, batch, tgt_len), "int32", "held_targets")
         self.program = SharedBlockProgram(backbone) if xla and not compiled and backbone.can_cache_kv else None
         self._compile(whole_backbone=xla and not compiled and not backbone.can_cache_kv)
+
+    def _position_keys_bytes(self, rows):
+        settings = self.settings
+        return settings.n_layer * settings.n_head * settings.d_head * rows * tf.as_dtype(self.model.compute_dtype).size
+
+    def _held_bytes(self):
+        """Bytes of the weights and of the memory's keys and values."""
+        weights = sum(tf.as_dtype(v.dtype).size * math.prod(v.shape) for v in self.model.weights)
+        cache = self.cache
+        rings = self.settings.n_layer * cache.groups * cache.batch_size * cache.capacity * cache.width
+        return weights + rings * tf.as_dtype(self.model.compute_dtype).size
 
     @property
     def softmax_in_xla(self):
