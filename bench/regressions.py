@@ -1,4 +1,5 @@
-"""Every row of the README's benchmark table, this checkout against a baseline commit.
+"""Every row of the README's benchmark table (and two released models' sizes), this checkout
+against a baseline commit.
 
     python bench/regressions.py --baseline=33e9868           # a commit: checked out beside, then removed
     python bench/regressions.py --baseline=../other-checkout  # or a checkout of it
@@ -30,6 +31,8 @@ ROWS = [
     ("eval_wt103_batch8", "eval_throughput.py", ["--model=wt103_base", "--rounds=2"]),
     ("eval_wt103_batch1", "eval_throughput.py", ["--model=wt103_base", "--batch=1", "--segments=20", "--rounds=2"]),
     ("eval_char_small", "eval_throughput.py", ["--rounds=2", "--lengths="]),
+    ("eval_wt103_large", "eval_throughput.py", ["--model=wt103_large", "--rounds=2", "--lengths="]),
+    ("eval_lm1b_large", "eval_throughput.py", ["--model=lm1b_large", "--rounds=2", "--lengths="]),
     ("generation", "generate_throughput.py", ["--modes=greedy"]),
 ]
 RATIO = re.compile(r"^ratio txl_keras / baseline[^:]*: ([0-9.]+)x(?:.*median ([0-9.]+)x)?", re.M)
