@@ -17,8 +17,8 @@ from txl_keras.training.block_program import SharedBlockProgram
 SCORE_TOKENS = 1024
 # The position keys are projected once per pass when they take at most this share of what
 # evaluation holds anyway, the weights and the memory's keys and values (else in each
-# segment's blocks, in less memory): projecting `clamp_len + 1` keys per layer costs as much
-# as a segment's products with 1,000 of them, so keeping them saves 10-30% of a pass.
+# segment's blocks, in less memory): projected in each segment, `clamp_len + 1` keys per layer
+# cost as many products as that many tokens' projections, 20-30% of a batch-1 segment.
 POSITION_KEYS_SHARE = 1 / 8
 
 
@@ -60,7 +60,9 @@ class Evaluation:
         with strategy.scope():
             self.cache = CacheStore(settings.mem_len, settings.n_layer, groups, width, batch, tgt_len - settings.ext_len,
                                     dtype=model.dtype_policy)
-            keep = settings.attn_type == 0 and self._position_keys_bytes(rows) <= POSITION_KEYS_SHARE * self._held_bytes()
+            keys_bytes = settings.n_layer * settings.n_head * settings.d_head * rows * \
+                tf.as_dtype(model.compute_dtype).size
+            keep = settings.attn_type == 0 and keys_bytes <= POSITION_KEYS_SHARE * self._held_bytes()
             self.position_keys = [state_variable("zeros", (settings.n_head, settings.d_head, rows),
                                                  model.compute_dtype, f"position_keys_{i}")
                                   for i in range(settings.n_layer)] if keep else []
@@ -73,16 +75,9 @@ class Evaluation:
         self.program = SharedBlockProgram(backbone) if xla and not compiled and backbone.can_cache_kv else None
         self._compile(whole_backbone=xla and not compiled and not backbone.can_cache_kv)
 
-    def _position_keys_bytes(self, rows):
-        settings = self.settings
-        return settings.n_layer * settings.n_head * settings.d_head * rows * tf.as_dtype(self.model.compute_dtype).size
-
     def _held_bytes(self):
-        """Bytes of the weights and of the memory's keys and values."""
-        weights = sum(tf.as_dtype(v.dtype).size * math.prod(v.shape) for v in self.model.weights)
-        cache = self.cache
-        rings = self.settings.n_layer * cache.groups * cache.batch_size * cache.capacity * cache.width
-        return weights + rings * tf.as_dtype(self.model.compute_dtype).size
+        """Bytes of the weights and of the memory's keys and values (the cache's rings)."""
+        return sum(tf.as_dtype(v.dtype).size * math.prod(v.shape) for v in [*self.model.weights, *self.cache.rings])
 
     @property
     def softmax_in_xla(self):
