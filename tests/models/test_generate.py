@@ -66,14 +66,21 @@ def test_sampling_is_seeded_and_filtered():
     assert alive() is None  # the compiled steps do not keep the model alive
 
 
+def greedy_cut_at(greedy, prompt_length, stop):
+    """A greedy row without stops, cut after the first `stop` of its new tokens."""
+    new = list(greedy[prompt_length:])
+    return np.asarray(list(greedy[:prompt_length]) + (new[: new.index(stop) + 1] if stop in new else new))
+
+
 def test_stop_token_ends_rows():
     model = model_of()
     prompt = np.array([[3, 17, 5]], "int32")
     greedy = generate(model, prompt, 6, temperature=0)
     stop = int(greedy[0, 4])  # the second generated token
     out = generate(model, prompt, 6, temperature=0, stop_token=stop)
-    np.testing.assert_array_equal(out[0, :5], greedy[0, :5])
-    assert (out[0, 5:] == stop).all()
+    expected = greedy_cut_at(greedy[0], 3, stop)
+    np.testing.assert_array_equal(out[0, : len(expected)], expected)
+    assert (out[0, len(expected):] == -1).all()  # nothing follows the stop
     with pytest.raises(ValueError, match="Prompt ids"):
         generate(model, np.array([[99]]), 2)
 
@@ -116,9 +123,24 @@ def test_stop_token_with_a_batch_ends_each_row_on_its_own():
     greedy = generate(model, prompt, 8, temperature=0)
     stop = int(greedy[0, 4])  # row 0's second new token
     out = generate(model, prompt, 8, temperature=0, stop_token=stop)
+    listed = generate(model, [row for row in prompt], 8, temperature=0, stop_token=stop)
     for row in range(2):
-        new = list(greedy[row, 3:])
-        end = new.index(stop) + 1 if stop in new else len(new)
-        np.testing.assert_array_equal(out[row, : 3 + end], greedy[row, : 3 + end])  # unchanged until it stops
-        assert (out[row, 3 + end:] == stop).all()  # then only the stop token
+        expected = greedy_cut_at(greedy[row], 3, stop)
+        np.testing.assert_array_equal(out[row, : len(expected)], expected)  # unchanged until it stops
+        assert (out[row, len(expected):] == -1).all()  # then nothing
+        np.testing.assert_array_equal(listed[row], expected)  # a list of prompts: each row up to its stop
+        alone = generate(model, [prompt[row]], 8, temperature=0, stop_token=stop)
+        np.testing.assert_array_equal(alone[0], expected)  # alone == in a batch
 
+
+def test_a_long_generation_runs_in_pieces_that_continue_each_other():
+    """More new tokens than one compiled piece of the token loop: the same tokens as one
+    step at a time through `stream`, which keeps nothing of the loop's pieces."""
+    from txl_keras.generate import DECODE_CHUNK, stream
+    from txl_keras.samplers import GreedySampler
+
+    model = model_of(mem_len=8)
+    prompt = np.array([3, 17, 5], "int32")
+    steps = DECODE_CHUNK * 2 + 5
+    out = generate(model, [prompt], steps, temperature=0)[0]
+    np.testing.assert_array_equal(out[3:], list(stream(model, prompt, steps, GreedySampler())))

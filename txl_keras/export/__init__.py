@@ -224,7 +224,7 @@ def _generate_signature(model, serving, tokenizer):
         cache = tf.cond(tf.shape(rest)[1] > 0, lambda: advance(rest, cache), lambda: cache)
         cache = generation.ready_for_steps(model, cache, serving)
         new = generation.decode_loop(model, serving, sampler, max_new_tokens, stops, tf.reshape(ids[-1:], [1]), cache,
-                                     tf.reshape(max_new_tokens, [1]), tf.reshape(seed, [1]))[0]
+                                     tf.reshape(max_new_tokens, [1]), tf.reshape(seed, [1]))[0][0]
         if stops:  # up to and including the first stop token
             hits = tf.where(tf.equal(new, stops[0]))[:, 0]
             new = new[: tf.cond(tf.size(hits) > 0, lambda: tf.cast(hits[0], tf.int32) + 1,

@@ -23,12 +23,14 @@ import keras
 import numpy as np
 from keras import ops
 
+from txl_keras.models import sizes
 from txl_keras.samplers import (BeamSampler, GreedySampler, RandomSampler, Sampler, TopKSampler, TopPSampler,
                                 sampler_from)
 
 __all__ = ["beam_search", "generate", "score", "stream"]
 
 BUILT_IN_SAMPLERS = (GreedySampler, RandomSampler, TopKSampler, TopPSampler)
+DECODE_CHUNK = 64  # new tokens per compiled call of the token loop
 _COMPILED = weakref.WeakKeyDictionary()  # model -> {generation or scoring settings: compiled steps}
 
 
@@ -100,25 +102,28 @@ def _stops(stop_token, n_token):
 
 
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, seed=0,
-             stop_token=None, mem_len=None, clamp_len=None, same_length=None, sampler=None):
+             stop_token=None, mem_len=None, clamp_len=None, same_length=None, sampler=None, check_memory=True):
     """Continue prompts by up to `max_new_tokens` tokens each.
 
-    `prompt` is int `(batch, P)`, or a list of 1-D id sequences of any lengths. The next
-    token is picked by `sampler` (a `txl_keras.samplers.Sampler`, beam search included),
-    by default the one of `temperature` (0: greedy), `top_k` (0: off) and `top_p` (1:
-    off). A draw is a pure function of the seed (the sampler's, else `seed`: an int, or
-    one per row) and of how many tokens the row has generated, so a row gives the same
-    text alone or in a batch. A row ends at the first of `stop_token` (an id or a tuple
-    of ids); `max_new_tokens` may be one int per row. `mem_len` (default: the config's)
-    bounds the context the model sees.
+    `prompt` is an int array `(batch, P)`, or a list of 1-D id sequences of any lengths.
+    The next token is picked by `sampler` (a `txl_keras.samplers.Sampler`, beam search
+    included), by default the one of `temperature` (0: greedy), `top_k` (0: off) and
+    `top_p` (1: off). A draw is a pure function of the seed (the sampler's, else `seed`:
+    an int, or one per row) and of how many tokens the row has generated, so a row gives
+    the same text alone or in a batch. A row ends at the first of `stop_token` (an id or a
+    tuple of ids), kept, and nothing follows it; `max_new_tokens` may be one int per row.
+    `mem_len` (default: the config's) bounds the context the model sees. The token loop
+    runs in compiled pieces of `DECODE_CHUNK` steps, so Ctrl-C stops a long generation
+    between two pieces. `check_memory` refuses, with the figures, a call whose memory
+    (the model's, and the new tokens') exceeds what this machine has available.
 
-    Returns int32 numpy `(batch, P + max_new_tokens)` for a 2-D prompt (a stopped row
-    repeats its stop token), else a list of int32 arrays: each prompt and its new tokens,
-    up to and including its stop token. Later calls with the same settings and sampler
-    reuse the compiled steps.
+    Returns, for an array prompt, int32 numpy `(batch, P + max(max_new_tokens))`, each
+    row padded with -1 after its last token (its stop token, or its own limit); for a
+    list, a list of int32 arrays: each prompt and its new tokens, up to and including its
+    stop token. Later calls with the same settings and sampler reuse the compiled steps.
     """
     config = model.config
-    ragged = not (isinstance(prompt, np.ndarray) and prompt.ndim == 2) and not _is_matrix(prompt)
+    ragged = not _is_matrix(prompt)
     rows = [_check_ids(p, config.n_token) for p in prompt] if ragged else list(_check_prompt(prompt, config.n_token))
     if not rows:
         raise ValueError("Expected at least one prompt.")
@@ -127,6 +132,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
     seeds = _per_row("seed", sampler.seed if sampler.seed is not None else seed, len(rows), 0)
     stops = _stops(stop_token, config.n_token)
     settings = config.with_memory(mem_len, clamp_len, same_length)
+    if check_memory:
+        require_generation_memory(settings, len(rows), int(limits.max()), sampler)
     new = [None] * len(rows)
     if isinstance(sampler, BeamSampler):
         for r, ids in enumerate(rows):
@@ -137,15 +144,25 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
     if ragged:
         return [np.concatenate([ids, n]).astype("int32") for ids, n in zip(rows, new)]
     width = int(limits.max())
-    fill = [np.full(width - len(n), n[-1] if len(n) and stops and n[-1] in stops else -1, "int32") for n in new]
-    return np.stack([np.concatenate([ids, n, f]) for ids, n, f in zip(rows, new, fill)]).astype("int32")
+    return np.stack([np.concatenate([ids, n, np.full(width - len(n), -1)]) for ids, n in zip(rows, new)]).astype(
+        "int32")
+
+
+def require_generation_memory(settings, rows, new_tokens, sampler, bytes_per_token=0, override="check_memory=False"):
+    """Refuse (`sizes.MemoryEstimateError`, one line with the figures) a generation whose
+    memory exceeds what is available: the model's inference (`sizes.inference_bytes`, the
+    beams included) and, per new token of every row, its ids twice (the pieces and the
+    joined result) and `bytes_per_token` more (the text a caller makes of them)."""
+    beams = sampler.num_beams if isinstance(sampler, BeamSampler) else 1
+    needed = sizes.inference_bytes(settings, rows * beams, scored_tokens=rows * beams, beam_search=beams > 1)
+    needed += rows * new_tokens * (2 * 4 * beams + bytes_per_token)
+    sizes.require_memory(needed, f"Generating {new_tokens:,} new tokens for {rows} prompt(s) at "
+                                 f"mem_len={settings.mem_len}", override=override)
 
 
 def _is_matrix(prompt):
-    try:
-        return np.asarray(prompt).ndim == 2
-    except ValueError:  # rows of different lengths
-        return False
+    """An array (numpy or a backend's tensor) of prompts of one length; a list is ragged."""
+    return not isinstance(prompt, (list, tuple)) and np.ndim(prompt) == 2
 
 
 def _until_stop(tokens, stops):
@@ -207,12 +224,13 @@ def _compiled_feed(model, settings):
 def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
     """New tokens int32 `(batch, max(limits))` of prompts `rows` (1-D ids of any lengths;
     a stopped or finished row repeats its last token): the contexts of each length go
-    through the memory together, then every row takes its steps in one batch."""
+    through the memory together, then every row takes its steps in one batch, in compiled
+    pieces of `DECODE_CHUNK` steps (a Python signal, Ctrl-C, is handled between two)."""
     steps = int(limits.max())
     if steps == 0:
         return np.zeros((len(rows), 0), "int32")
-    key = ("decode", settings.to_json(), _sampler_key(sampler), steps, stops)
-    decode = _compiled(model, key, lambda: _compiled_decode(model, settings, sampler, steps, stops))
+    key = ("decode", settings.to_json(), _sampler_key(sampler), DECODE_CHUNK, stops)
+    decode = _compiled(model, key, lambda: _compiled_decode(model, settings, sampler, DECODE_CHUNK, stops))
     order, caches = [], []
     for length in sorted({len(ids) for ids in rows}):
         group = [r for r, ids in enumerate(rows) if len(ids) == length]
@@ -223,11 +241,19 @@ def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
     cache = caches[0] if len(caches) == 1 else caches[-1]._replace(
         rings=tuple(ops.concatenate(rings, axis=1) for rings in zip(*(c.rings for c in caches))),
         valid=ops.concatenate([c.valid for c in caches]))
-    last = np.asarray([rows[r][-1] for r in order], "int32")
-    new = decode(ops.convert_to_tensor(last), cache, ops.convert_to_tensor(limits[order]),
-                 ops.convert_to_tensor(seeds[order]))
+    last = ops.convert_to_tensor(np.asarray([rows[r][-1] for r in order], "int32"))
+    limits, seeds = ops.convert_to_tensor(limits[order]), ops.convert_to_tensor(seeds[order])
+    done = limits <= 0
+    pieces = []
+    for start in range(0, steps, DECODE_CHUNK):
+        new, last, done, cache = decode(last, done, cache, limits, seeds, ops.convert_to_tensor(start, "int32"))
+        pieces.append(ops.convert_to_numpy(new))
+        if bool(ops.convert_to_numpy(ops.all(done))):
+            break
+    new = np.concatenate(pieces, axis=1)[:, :steps]
     out = np.empty((len(rows), steps), "int32")
-    out[order] = ops.convert_to_numpy(new)
+    out[order, : new.shape[1]] = new
+    out[order, new.shape[1]:] = new[:, -1:]
     return out
 
 
@@ -245,34 +271,41 @@ def next_token(model, settings, sampler, last, cache, seeds, step, in_place=Fals
     return ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"), cache
 
 
-def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds):
-    """The token loop: `steps` one-token steps from the prompts' last tokens `last` (B,)
-    against `cache`; row r stops at one of `stops` or after `limits[r]` tokens; its draws
-    are keyed `(seeds[r], its token count)`; the loop writes a copy of the cache's rings in
-    place (`InferenceCache.owned`). Returns int32 `(B, steps)`."""
+def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds, done=None, start=0):
+    """The token loop: up to `steps` one-token steps from the last tokens `last` (B,)
+    against `cache`, the `start`-th to the `start + steps`-th new token of each row; row r
+    stops at one of `stops` or after `limits[r]` tokens (`done` (B,) bool: rows already
+    ended); its draws are keyed `(seeds[r], its token count)`; the loop writes a copy of
+    the cache's rings in place (`InferenceCache.owned`). Returns `(new tokens int32
+    (B, steps): a row that has ended repeats its last token, the last tokens (B,), done
+    (B,), the cache)`."""
     stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
 
     def cond(i, last, done, produced, cache):
         return ops.logical_and(i < steps, ops.logical_not(ops.all(done)))
 
     def body(i, last, done, produced, cache):
-        token, cache = next_token(model, settings, sampler, last, cache, seeds, i, in_place=True)
+        token, cache = next_token(model, settings, sampler, last, cache, seeds, start + i, in_place=True)
         token = ops.where(done, last, token)
         produced = ops.slice_update(produced, (0, i), token[:, None])
         stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
-        done = ops.logical_or(done, ops.logical_or(stopped, i + 1 >= limits))
+        done = ops.logical_or(done, ops.logical_or(stopped, start + i + 1 >= limits))
         return i + 1, token, done, produced, cache
 
     batch = ops.shape(last)[0]
-    start = (ops.convert_to_tensor(0, "int32"), last, limits <= 0, ops.zeros((batch, steps), "int32"), cache.owned())
-    return ops.while_loop(cond, body, start)[3]
+    done = limits <= 0 if done is None else done
+    i, last, done, produced, cache = ops.while_loop(
+        cond, body, (ops.convert_to_tensor(0, "int32"), last, done, ops.zeros((batch, steps), "int32"), cache.owned()))
+    # the steps not taken (every row ended) repeat each row's last token
+    produced = ops.where(ops.arange(steps)[None] < i, produced, last[:, None])
+    return produced, last, done, cache
 
 
 def _compiled_decode(model, settings, sampler, steps, stops):
     compile_model, model = model, weakref.proxy(model)
 
-    def decode(last, cache, limits, seeds):
-        return decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds)
+    def decode(last, done, cache, limits, seeds, start):
+        return decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds, done, start)
 
     return compile_for_backend(compile_model, decode)
 
