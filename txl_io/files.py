@@ -47,6 +47,12 @@ def scheme(path):
     return match.group(1).lower() if match else ""
 
 
+def user_path(path):
+    """`path` as a user means it: a local path's leading `~` expanded, as a shell and the
+    command lines do."""
+    return os.path.expanduser(path) if is_local(path) else path
+
+
 def is_local(path):
     return scheme(path) in ("", "file")
 
@@ -452,6 +458,16 @@ def _flock(path, what):
 
 
 @contextlib.contextmanager
+def check_new_folder(output):
+    """Refuse, before any work, an `output` folder that `staged_folder` would refuse: a
+    file, or a folder that is not empty."""
+    if exists(output) and not isdir(output):
+        raise FileExistsError(f"{output} is a file, not a folder; choose a new folder (nothing is overwritten).")
+    if listdir(output):
+        raise FileExistsError(f"{output} is not empty; choose a new folder (nothing is overwritten).")
+
+
+@contextlib.contextmanager
 def staged_folder(output, what, last=None):
     """Write the new folder `output` whole: the block writes into the staging folder it is
     given, `.<name>.partial` beside it, which is published as `output` when the block
@@ -464,6 +480,7 @@ def staged_folder(output, what, last=None):
     again, so the same command after any interruption completes, and a partial output never
     appears under `output`. A failed block leaves nothing behind."""
     output = output.rstrip("/")
+    check_new_folder(output)
     parent = dirname(output) or "."
     staging = join(parent, f".{basename(output)}.partial")  # (not a prefix of `output`)
     lock = join(parent, f".{basename(output)}.lock")

@@ -34,6 +34,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 
 from tf_records.original import load_cache_vocab
 from txl_io import files
@@ -50,6 +51,7 @@ CACHE_ENTRY = "cache-entry.json"
 WEIGHTS = "model.weights.h5"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
+FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # `Vocabulary.fingerprint()`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +73,20 @@ class Preset:
     config: TransformerXLConfig
     weights: str
     vocabulary: str = None
+    vocabulary_fingerprint: str = None
 
     def load_vocabulary(self):
+        """The `Vocabulary`, checked against the fingerprint the preset recorded (where it did)."""
         if self.vocabulary is None:
             raise RunFolderError(f"{self.folder} holds no {VOCAB}: it cannot turn text into ids; copy the "
                                  "vocab.json of its records there.")
-        return Vocabulary.load(self.vocabulary)
+        vocabulary = Vocabulary.load(self.vocabulary)
+        if self.vocabulary_fingerprint is not None and vocabulary.fingerprint() != self.vocabulary_fingerprint:
+            raise RunFolderError(f"{self.vocabulary} is not the vocabulary the preset {self.folder} was saved with "
+                                 f"(fingerprint {vocabulary.fingerprint()}, {METADATA} records "
+                                 f"{self.vocabulary_fingerprint}): its ids would mean other symbols; restore the "
+                                 "file or save the preset again.")
+        return vocabulary
 
 
 def presets():
@@ -134,9 +144,32 @@ def _preset_folder(folder):
     except (ValueError, KeyError, TypeError) as e:
         raise RunFolderError(f"{path} is damaged or not the config of a saved TransformerXLCausalLM preset "
                              f"({e}); save the preset again.") from None
+    _check_tokenizer_file(files.join(folder, TOKENIZER))
+    metadata_path = files.join(folder, METADATA)
+    try:
+        metadata = json.loads(files.read_text(metadata_path))
+        fingerprint = metadata.get("vocabulary_fingerprint")
+    except (ValueError, AttributeError) as e:
+        raise RunFolderError(f"{metadata_path} is damaged ({e}); save the preset again.") from None
+    if fingerprint is not None and not (isinstance(fingerprint, str) and FINGERPRINT.fullmatch(fingerprint)):
+        raise RunFolderError(f"{metadata_path} is damaged (vocabulary_fingerprint={fingerprint!r}); save the preset "
+                             "again.")
     vocab = files.join(folder, TOKENIZER_ASSETS, VOCAB)
     return Preset(folder, "preset folder", folder, config, files.join(folder, WEIGHTS),
-                  vocab if files.exists(vocab) else None)
+                  vocab if files.exists(vocab) else None, fingerprint)
+
+
+def _check_tokenizer_file(path):
+    """Refuse a `tokenizer.json` that is not a serialized `TransformerXLTokenizer`."""
+    try:
+        serialized = json.loads(files.read_text(path))
+        valid = isinstance(serialized, dict) and serialized.get("class_name") == "TransformerXLTokenizer" \
+            and isinstance(serialized.get("config"), dict)
+    except ValueError as e:
+        raise RunFolderError(f"{path} is damaged ({' '.join(str(e).split())}); save the preset again.") from None
+    if not valid:
+        raise RunFolderError(f"{path} is damaged: it is not a serialized TransformerXLTokenizer; save the preset "
+                             "again.")
 
 
 def local_entry_name(folder):

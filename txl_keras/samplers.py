@@ -18,6 +18,7 @@ prompt gives the same text alone or in any batch, for the same seed. Draws use
 generation runs compiled on TensorFlow, JAX and PyTorch.
 """
 
+import math
 import random
 
 import keras
@@ -58,6 +59,28 @@ def row_uniform(keys, n):
     return torch.stack(rows)
 
 
+def _is_number(value):
+    """A finite real number: a Python or numpy int or float, never a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
+        and math.isfinite(value)
+
+
+def _is_integer(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+# The smallest temperature a division in float32 keeps finite: below it the draw is greedy's.
+_TINIEST_TEMPERATURE = float(np.finfo(np.float32).tiny)
+
+
+def scaled_logits(log_probs, temperature):
+    """(`temperature` a number or a float32 scalar tensor) float32 `(log_probs - max) / temperature` of each row: the most likely token at 0, so
+    that a tiny temperature leaves it the only finite logit (greedy) instead of overflowing."""
+    log_probs = ops.cast(log_probs, "float32")
+    centered = log_probs - ops.max(log_probs, axis=-1, keepdims=True)
+    return centered / ops.maximum(ops.cast(temperature, "float32"), _TINIEST_TEMPERATURE)
+
+
 class Sampler:
     """Base class: `sampler(log_probs, keys)` -> int32 `(batch_size,)`; subclasses
     implement `get_next_token`.
@@ -68,11 +91,10 @@ class Sampler:
     """
 
     def __init__(self, temperature=1.0, seed=None):
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise ValueError(f"Expected `temperature` > 0 (use GreedySampler for the most likely token). "
-                             f"Received: temperature={temperature!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-                                 or not 0 <= seed < 2**31):
+        if not _is_number(temperature) or not temperature > 0:
+            raise ValueError(f"Expected `temperature` to be a finite number > 0 (use GreedySampler for the most "
+                             f"likely token). Received: temperature={temperature!r}")
+        if seed is not None and (not _is_integer(seed) or not 0 <= seed < 2**31):
             raise ValueError(f"Expected `seed` to be an integer in [0, 2**31) or None. Received: seed={seed!r}")
         self.temperature = float(temperature)
         self.seed = None if seed is None else int(seed)
@@ -117,7 +139,7 @@ class RandomSampler(Sampler):
         return logits
 
     def get_next_token(self, log_probs, keys):
-        logits = self.filter(ops.cast(log_probs, "float32") / self.temperature)
+        logits = self.filter(scaled_logits(log_probs, self.temperature))
         gumbel = -ops.log(-ops.log(row_uniform(keys, ops.shape(logits)[-1])))
         return argmax(logits + gumbel)
 
@@ -132,7 +154,7 @@ class TopKSampler(RandomSampler):
 
     def __init__(self, k=5, temperature=1.0, seed=None):
         super().__init__(temperature, seed)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        if not _is_integer(k) or k < 1:
             raise ValueError(f"Expected `k` to be a positive integer. Received: k={k!r}")
         self.k = int(k)
 
@@ -150,9 +172,9 @@ class TopPSampler(RandomSampler):
 
     def __init__(self, p=0.1, temperature=1.0, seed=None, k=None):
         super().__init__(temperature, seed)
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        if not _is_number(p) or not 0.0 < p <= 1.0:
             raise ValueError(f"Expected `p` in (0, 1]. Received: p={p!r}")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
+        if k is not None and (not _is_integer(k) or k < 1):
             raise ValueError(f"Expected `k` to be None or a positive integer. Received: k={k!r}")
         self.p, self.k = float(p), None if k is None else int(k)
 
@@ -184,10 +206,11 @@ class BeamSampler(Sampler):
 
     def __init__(self, num_beams=5, length_penalty=1.0):
         super().__init__()
-        if isinstance(num_beams, bool) or not isinstance(num_beams, (int, np.integer)) or num_beams < 1:
+        if not _is_integer(num_beams) or num_beams < 1:
             raise ValueError(f"Expected `num_beams` to be an integer >= 1. Received: num_beams={num_beams!r}")
-        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty < 0:
-            raise ValueError(f"Expected `length_penalty` >= 0. Received: length_penalty={length_penalty!r}")
+        if not _is_number(length_penalty) or length_penalty < 0:
+            raise ValueError(f"Expected `length_penalty` to be a finite number >= 0. Received: "
+                             f"length_penalty={length_penalty!r}")
         self.num_beams, self.length_penalty = int(num_beams), float(length_penalty)
 
     def get_next_token(self, log_probs, keys):
@@ -218,11 +241,12 @@ def get(identifier):
 def sampler_from(temperature=1.0, top_k=0, top_p=1.0, seed=None):
     """The sampler of the usual command-line settings: `temperature` 0 is greedy, `top_k` 0
     and `top_p` 1 switch those filters off."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"Expected `temperature` >= 0 (0: greedy). Received: temperature={temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+    if not _is_number(temperature) or temperature < 0:
+        raise ValueError(f"Expected `temperature` to be a finite number >= 0 (0: greedy). Received: "
+                         f"temperature={temperature!r}")
+    if not _is_integer(top_k) or top_k < 0:
         raise ValueError(f"Expected `top_k` to be a non-negative integer (0: all tokens). Received: top_k={top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+    if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"Expected `top_p` in (0, 1] (1: all tokens). Received: top_p={top_p!r}")
     if temperature == 0:
         return GreedySampler()

@@ -128,7 +128,7 @@ def test_streaming_joins_to_generate(lm):
     (lambda lm: lm.generate("alpha", max_length=5, max_new_tokens=2), "not both"),
     (lambda lm: lm.generate("alpha", sampler="nucleus"), "Unknown sampler 'nucleus'"),
     (lambda lm: lm.generate("alpha", sampler=samplers.BeamSampler(num_beams=0)), "num_beams"),
-    (lambda lm: lm.generate("alpha", stop_token_ids=["zebra"]), "tokens of the vocabulary"),
+    (lambda lm: lm.generate("alpha", stop_token_ids=["zebra"]), "neither a symbol of the vocabulary nor a text of one"),
     (lambda lm: lm.generate("alpha", stop_token_ids=[99]), r"token ids in \[0, 10\)"),
     (lambda lm: lm.generate("alpha", sampler=samplers.TopKSampler(k=0)), "`k` to be a positive integer"),
     (lambda lm: lm.generate("alpha", sampler=samplers.TopPSampler(p=0.0)), r"`p` in \(0, 1\]"),

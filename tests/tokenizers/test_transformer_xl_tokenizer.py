@@ -113,10 +113,44 @@ def test_lookups_and_their_errors():
         tokenizer.token_to_id("zebra")
     with pytest.raises(ValueError, match=r"Expected `id` to be an integer in \[0, 12\)"):
         tokenizer.id_to_token(12)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Token ids must be in \[0, 12\)"):
+    with pytest.raises(ValueError, match=r"Token ids must be in \[0, 12\) .* Received: 40"):
         tokenizer.detokenize([3, 40])
     with pytest.raises(ValueError, match="has no vocabulary yet"):
         TransformerXLTokenizer()("the cat")
+
+
+@pytest.mark.parametrize("ids, message", [
+    (2**40, r"must be in \[0, 12\) .* Received: 1099511627776"),  # would wrap to 0 in int32
+    ([3, 2**32 + 2], r"Received: 4294967298"),  # would wrap to 2 ("the") in int32
+    ([-1], r"Received: -1"),
+    ([[3, 4], [5, 12]], r"Received: 12"),  # a batch
+    ([[3], [4, 99]], r"Received: 99"),  # a ragged batch
+    (np.array([3, 2**40]), r"Received: 1099511627776"),
+    (tf.constant([3, 2**40], tf.int64), r"Received: 1099511627776"),
+    ([2.7, 3.2], r"Expected integer token ids. Received float64"),  # never truncated
+    (np.array([3.0]), r"Expected integer token ids"),
+    (tf.constant([3.0]), r"Expected integer token ids. Received dtype float32"),
+    (["the"], r"Expected integer token ids"),
+])
+def test_detokenize_refuses_ids_outside_the_vocabulary_and_non_integers_before_any_cast(ids, message):
+    tokenizer = TransformerXLTokenizer(VOCABULARIES["words with <eos> and <unk>"])
+    with pytest.raises(ValueError, match=message):
+        tokenizer.detokenize(ids)
+    # in a graph the same ids are an assertion naming the range, not a wrapped id
+    if tf.is_tensor(ids) and ids.dtype.is_integer:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"Token ids must be in \[0, 12\)"):
+            tf.function(tokenizer.detokenize)(ids)
+
+
+def test_single_token_ids_take_symbols_and_texts_of_one_token():
+    words = TransformerXLTokenizer(VOCABULARIES["words with <eos> and <unk>"])
+    assert words.single_token_id("<eos>") == 0 and words.single_token_id("cat") == 4
+    assert words.single_token_id("\n") == 0  # a line break is the end symbol at word level... as tokenized
+    nl = TransformerXLTokenizer(VOCABULARIES["bytes with newlines"])
+    assert nl.single_token_id("\n") == 10 and nl.single_token_id("10") == 10 and nl.single_token_id("A") == 65
+    for tokenizer, text in ((words, "zebra"), (words, "the cat"), (nl, "ab"), (nl, "")):
+        with pytest.raises(ValueError, match="neither a symbol of the vocabulary nor a text of one token"):
+            tokenizer.single_token_id(text, "stop_token_ids")
 
 
 def test_config_and_assets_round_trip(tmp_path):

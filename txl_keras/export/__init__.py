@@ -24,7 +24,8 @@ the newest; the rest are masked):
 - `generate(prompts (N,) string, max_new_tokens, temperature, top_k, seed)` -> `texts` `(N,)`:
   the whole generation in the graph, each prompt as `TransformerXLCausalLM.generate`
   continues it alone, to the vocabulary's end symbol (`temperature` 0: greedy; `top_k` 0:
-  every token). `serving_default` is `generate`: text in, text out in one call, what a
+  every token; `max_new_tokens` at most `MAX_SERVED_NEW_TOKENS`, 4,096: the loop runs
+  in the graph, where nothing stops it early). `serving_default` is `generate`: text in, text out in one call, what a
   server that knows nothing of the memory wants (without a vocabulary, `initial_memory`).
 Token ids outside `[0, n_token)` and `memory_valid` outside `[0, mem_len]` are refused (an
 `InvalidArgumentError` naming the argument). The attribute functions take the same
@@ -43,6 +44,9 @@ from txl_keras.layers.inference_cache import InferenceCache
 from txl_keras.tokenizers import TransformerXLTokenizer
 
 EXPORT_INFO = "txl_config.json"
+# The most new tokens one call of the SavedModel's `generate` makes: the whole loop runs in
+# the graph, where nothing (Ctrl-C included) stops it before its end.
+MAX_SERVED_NEW_TOKENS = 4096
 VOCAB_ASSET = "vocab.json"
 
 
@@ -53,6 +57,8 @@ def export_saved_model(model, path, vocabulary=None, mem_len=None, clamp_len=Non
     the evaluation settings to serve with a longer memory). The folder is written whole
     (`files.staged_folder`): a second export to `path` is refused, an interrupted one is
     finished by the same call."""
+    path = files.user_path(path)
+    files.check_new_folder(path)  # before minutes of tracing
     serving = model.config.with_memory(mem_len, clamp_len, same_length)
     if vocabulary is not None and len(vocabulary) != serving.n_token:
         raise ValueError(f"The vocabulary has {len(vocabulary)} symbols but the model has n_token="
@@ -184,7 +190,7 @@ class _ServedSampler:
                        lambda: samplers.argmax(log_probs))
 
     def _sampled(self, log_probs, keys):
-        logits = log_probs / self.temperature
+        logits = samplers.scaled_logits(log_probs, self.temperature)
         vocabulary = tf.shape(logits)[-1]
 
         def filtered():
@@ -196,6 +202,11 @@ class _ServedSampler:
         return samplers.argmax(logits + gumbel)
 
 
+def _argument_check(condition, message, value):
+    """An assertion whose error names the argument: `message`, then the value received."""
+    return tf.debugging.Assert(condition, [f"Invalid argument of generate: {message}; received", value])
+
+
 def _generate_signature(model, serving, tokenizer):
     """`generate(prompts, max_new_tokens, temperature, top_k, seed)` -> `texts`: the whole
     generation in the graph, each prompt as `TransformerXLCausalLM.generate` continues it
@@ -205,7 +216,8 @@ def _generate_signature(model, serving, tokenizer):
 
     def one(prompt, max_new_tokens, sampler, seed):
         ids = tokenizer.tokenize_prompt(prompt)
-        check = tf.debugging.assert_positive(tf.size(ids), message="each prompt must hold at least one token")
+        check = _argument_check(tf.size(ids) > 0, "each of `prompts` must encode to at least one token (an empty "
+                                "prompt has nothing to continue)", prompt)
         with tf.control_dependencies([check]):
             context = tf.identity(ids)[None, :-1]
         cache = model.init_cache(1, serving.mem_len, serving.clamp_len, segment_length=segment)
@@ -232,9 +244,13 @@ def _generate_signature(model, serving, tokenizer):
         return tokenizer.detokenize(tf.concat([ids, new], 0))
 
     def generate(prompts, max_new_tokens, temperature, top_k, seed):
-        checks = [tf.debugging.assert_non_negative(max_new_tokens, message="`max_new_tokens` must be >= 0"),
-                  tf.debugging.assert_non_negative(temperature, message="`temperature` must be >= 0"),
-                  tf.debugging.assert_non_negative(top_k, message="`top_k` must be >= 0 (0: every token)")]
+        checks = [_argument_check(tf.logical_and(max_new_tokens >= 0, max_new_tokens <= MAX_SERVED_NEW_TOKENS),
+                                  f"`max_new_tokens` must be in [0, {MAX_SERVED_NEW_TOKENS}] (continue a longer text "
+                                  "by calling generate again)", max_new_tokens),
+                  _argument_check(tf.logical_and(tf.math.is_finite(temperature), temperature >= 0),
+                                  "`temperature` must be a finite number >= 0 (0: greedy)", temperature),
+                  _argument_check(top_k >= 0, "`top_k` must be >= 0 (0: every token)", top_k),
+                  _argument_check(seed >= 0, "`seed` must be >= 0", seed)]
         with tf.control_dependencies(checks):
             sampler = _ServedSampler(tf.identity(temperature), tf.identity(top_k))
         texts = tf.map_fn(lambda prompt: one(prompt, max_new_tokens, sampler, seed), prompts,

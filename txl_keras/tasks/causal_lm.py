@@ -1,5 +1,6 @@
 """`TransformerXLCausalLM`: the language model a user holds, with its tokenizer and preprocessor."""
 
+import collections.abc
 import dataclasses
 import datetime
 import json
@@ -23,6 +24,9 @@ from txl_keras.tokenizers import TransformerXLTokenizer
 
 PAPER_LEARNING_RATE = 2.5e-4
 PAPER_CLIP_NORM = 0.25
+# What one new token's text costs beyond its id, as generate builds it (a TensorFlow string
+# element per token in `detokenize`, then Python's): the memory check counts it.
+TEXT_BYTES_PER_TOKEN = 64
 
 
 @dataclasses.dataclass
@@ -62,7 +66,8 @@ class TransformerXLCausalLM(keras.Model):
       receive `(targets, per-token NLL)`. `compile()` with no arguments gives the paper's
       recipe: Adam, gradient clipping at a global norm of 0.25, a linear warmup (a tenth
       of the steps, at most 1,000) then a cosine decay to 0.004 of the peak 2.5e-4,
-      sized from the first `fit`'s epochs and steps, and a perplexity metric.
+      sized anew by every `fit` from its own epochs and steps (a second `fit` warms up
+      and decays again; Adam's moments carry over), and a perplexity metric.
     - `score` and `generate` read long text through the memory (the model's `tgt_len`,
       `mem_len`, `clamp_len`: a released model carries the paper's evaluation settings).
 
@@ -140,11 +145,15 @@ class TransformerXLCausalLM(keras.Model):
     def save_to_preset(self, preset_dir):
         """Write the task as a preset folder that `from_preset` reads: `config.json` (the
         serialized `TransformerXLLM`), `metadata.json`, `model.weights.h5`,
-        `tokenizer.json`, `preprocessor.json` and `assets/tokenizer/vocab.json`. The folder
-        is written whole (staged, then published); an existing non-empty folder is refused."""
+        `tokenizer.json`, `preprocessor.json` and `assets/tokenizer/vocab.json` (whose
+        fingerprint `metadata.json` records: `from_preset` refuses a vocabulary changed
+        since). The folder is written whole (staged, then published); an existing file or
+        non-empty folder is refused. A local path's `~` is expanded."""
+        preset_dir = files.user_path(preset_dir)
         config = self.model.config
         metadata = {"keras_version": keras.__version__, "txl_keras_version": _version(),
                     "parameter_count": sizes.parameter_count(config),
+                    "vocabulary_fingerprint": self.tokenizer.vocabulary.fingerprint(),
                     "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
                     "class_name": type(self).__name__}
 
@@ -215,49 +224,82 @@ class TransformerXLCausalLM(keras.Model):
         """Train on text: `x` a string, a list of strings or a `tf.data.Dataset` of
         strings (read in order as one text, see `TransformerXLCausalLMPreprocessor`),
         `batch_size` the number of streams (default 1). The memory carries across
-        batches; see the class docstring. Other arguments as Keras's `fit`."""
-        batch_size = 1 if batch_size is None else batch_size
+        batches; see the class docstring. With `steps_per_epoch`, an epoch longer than the
+        text reads it again (the memory carries on), and an endless dataset or iterator is
+        read as far as one epoch needs. Other arguments as Keras's `fit`."""
+        batch_size = _count("batch_size", 1 if batch_size is None else batch_size, 1)
+        epochs = _count("epochs", epochs, 0)
+        steps_per_epoch = kwargs.pop("steps_per_epoch", None)
+        if steps_per_epoch is not None:
+            steps_per_epoch = _count("steps_per_epoch", steps_per_epoch, 1)
         if kwargs.get("shuffle"):
             raise ValueError("fit keeps the text's segments in order (the memory follows the streams); "
                              "drop shuffle=True.")
         kwargs.pop("shuffle", None)
+        length = self.preprocessor.sequence_length
+        needed = None if steps_per_epoch is None else steps_per_epoch * batch_size * length + 1
+        data = self.preprocessor.stream_dataset(self._read_texts(x, needed), batch_size)
+        if validation_data is not None:
+            validation_data = self.preprocessor.stream_dataset(self._read_texts(validation_data), batch_size)
+        if steps_per_epoch is not None and steps_per_epoch > int(data.cardinality()):
+            data = data.repeat()
         if not self.compiled:
             self.compile()
-        data = self.preprocessor.stream_dataset(_texts(x), batch_size)
-        steps = int(data.cardinality())
-        if self._schedule is not None and not self._schedule.sized:
-            total = steps * epochs if kwargs.get("steps_per_epoch") is None else kwargs["steps_per_epoch"] * epochs
-            self._schedule.size(total)
-            self.train_function = None
-        if validation_data is not None:
-            validation_data = self.preprocessor.stream_dataset(_texts(validation_data), batch_size)
         self._use_stream_memory(batch_size)
+        steps = steps_per_epoch or int(data.cardinality())
+        if self._schedule is not None and epochs > 0:
+            self._schedule.size(steps * epochs, start_step=int(ops.convert_to_numpy(self.optimizer.iterations)))
+            self.train_function = None  # the schedule's sizes are traced into the step
         callbacks = list(callbacks or []) + [_FreshMemory(self)]
         return super().fit(data, epochs=epochs, validation_data=validation_data, callbacks=callbacks,
-                           shuffle=False, **kwargs)
+                           shuffle=False, steps_per_epoch=steps_per_epoch, **kwargs)
 
     def evaluate(self, x=None, batch_size=None, callbacks=None, **kwargs):
         """The loss and metrics of text (as `fit` reads it) through the memory."""
         if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: the batches are made already
             return super().evaluate(x, batch_size=batch_size, callbacks=callbacks, **kwargs)
-        batch_size = 1 if batch_size is None else batch_size
+        batch_size = _count("batch_size", 1 if batch_size is None else batch_size, 1)
+        data = self.preprocessor.stream_dataset(self._read_texts(x), batch_size)
         if not self.compiled:
             self.compile()
-        data = self.preprocessor.stream_dataset(_texts(x), batch_size)
         self._use_stream_memory(batch_size)
         return super().evaluate(data, callbacks=list(callbacks or []) + [_FreshMemory(self)], **kwargs)
 
+    def predict(self, x, *args, **kwargs):
+        """Keras's `predict` on batches of ids (`{"token_ids", "target_ids"}`: each target's
+        NLL). Text has no single prediction: `score(text)` gives each token's
+        log-likelihood and the perplexity, `generate(prompt)` a continuation."""
+        if _is_text(x):
+            raise ValueError("TransformerXLCausalLM.predict takes batches of ids ({'token_ids', 'target_ids'}), "
+                             "not text: call score(text) for its per-token log-likelihoods and perplexity, or "
+                             "generate(prompt) to continue it.")
+        return super().predict(x, *args, **kwargs)
+
+    def _read_texts(self, x, needed_tokens=None):
+        """A list of strings (`_texts`); an endless source is read to `needed_tokens` tokens."""
+        return _texts(x, needed_tokens, lambda text: len(self.preprocessor.text_ids(text)))
+
     def _use_stream_memory(self, batch_size):
-        """Hold the memory of `batch_size` streams across batches (a new one for a new size)."""
-        memory = self.stream_memory
+        """Hold the memory of `batch_size` streams across batches (a new one for a new size:
+        made first, then swapped in, so that a failure leaves the task as it was)."""
+        memory = getattr(self, "stream_memory", None)
         if memory is not None and memory.batch_size == batch_size:
             return
         config = self.model.config
-        if memory is not None:
-            del self.stream_memory
-        self.stream_memory = MemoryCache(config.mem_len, config.n_layer, config.d_model, ext_len=config.ext_len,
-                                         stateful=True, batch_size=batch_size, zero_init=config.mem_init == "zeros",
-                                         dtype=self.model.dtype_policy, name="stream_memory")
+        fresh = MemoryCache(config.mem_len, config.n_layer, config.d_model, ext_len=config.ext_len,
+                            stateful=True, batch_size=batch_size, zero_init=config.mem_init == "zeros",
+                            dtype=self.model.dtype_policy, name="stream_memory")
+        # The task is built by its first fit or evaluate, which locks its state; the memory
+        # is state of the streams, not a weight, and is replaced whole for a new batch size.
+        locked = self._tracker.locked
+        self._tracker.unlock()
+        try:
+            if memory is not None:
+                del self.stream_memory
+            self.stream_memory = fresh
+        finally:
+            if locked:
+                self._tracker.lock()
         self.train_function = self.test_function = self.predict_function = None
 
     def reset_memory(self):
@@ -270,7 +312,11 @@ class TransformerXLCausalLM(keras.Model):
     def score(self, text):
         """A `TextScore` of `text` (its tokens as the tokenizer reads text: at word level,
         each line followed by its end symbol), read through the memory in segments of
-        `tgt_len`."""
+        `tgt_len`; a list of `TextScore`s of a list of texts, each read on its own."""
+        if isinstance(text, (list, tuple)):
+            return [self.score(t) for t in text]
+        if not isinstance(text, str):
+            raise ValueError(f"Expected a text string or a list of them to score. Received: {type(text).__name__}")
         ids = np.asarray(self.tokenizer(text))
         if len(ids) < 2:
             raise ValueError(f"Expected a text of at least 2 tokens (the first is only context). Received: {text!r}")
@@ -296,7 +342,9 @@ class TransformerXLCausalLM(keras.Model):
             max_length: the length in tokens of each prompt and its continuation.
             max_new_tokens: new tokens per prompt (default 100 when `max_length` is not given).
             stop_token_ids: "auto" (the vocabulary's end symbol, `<eos>` or `<S>`, where it
-                has one), None, or a tuple of ids or tokens: a row ends at the first, kept.
+                has one), None, or a tuple of ids, symbols or texts of one token (`"\\n"`
+                at byte level, as the command line's `--stop`): a row ends at the first,
+                which is kept, and nothing follows it.
             strip_prompt: return the continuations only.
             sampler: a name or a `txl_keras.samplers.Sampler` for this call (default: the
                 one of `compile(sampler=...)`, else "top_k").
@@ -311,7 +359,10 @@ class TransformerXLCausalLM(keras.Model):
                 raise ValueError(f"Expected a prompt that encodes to at least one token. Received: {prompt!r}")
         limits = self._new_token_limits(ids, max_length, max_new_tokens)
         stops = self._stop_ids(stop_token_ids)
-        out = generation.generate(self.model, ids, limits, stop_token=stops, sampler=self._sampler(sampler))
+        sampler = self._sampler(sampler)
+        generation.require_generation_memory(self.model.config, len(ids), max(limits), sampler,
+                                             bytes_per_token=TEXT_BYTES_PER_TOKEN)
+        out = generation.generate(self.model, ids, limits, stop_token=stops, sampler=sampler, check_memory=False)
         texts = [self._text(row[: len(p)], row[len(p):], strip_prompt) for p, row in zip(ids, out)]
         return texts[0] if single else texts
 
@@ -326,6 +377,8 @@ class TransformerXLCausalLM(keras.Model):
             raise ValueError(f"Expected a prompt that encodes to at least one token. Received: {inputs!r}")
         limit = int(self._new_token_limits([prompt], max_length, max_new_tokens)[0])
         sampler = self._sampler(sampler)
+        generation.require_generation_memory(self.model.config, 1, limit, sampler,
+                                             bytes_per_token=TEXT_BYTES_PER_TOKEN)
         new, shown = [], ""
         for token in generation.stream(self.model, prompt, limit, sampler, self._stop_ids(stop_token_ids),
                                        seed=sampler.draw_seed()):
@@ -378,15 +431,14 @@ class TransformerXLCausalLM(keras.Model):
         ids = []
         for value in values:
             if isinstance(value, str):
-                if value not in self.tokenizer.vocabulary.index:
-                    raise ValueError(f"Expected `stop_token_ids` to hold tokens of the vocabulary. Received: {value!r}")
-                ids.append(self.tokenizer.token_to_id(value))
+                ids.append(self.tokenizer.single_token_id(value, "stop_token_ids"))
             elif isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
                     and 0 <= value < self.tokenizer.vocabulary_size():
                 ids.append(int(value))
             else:
                 raise ValueError(f"Expected `stop_token_ids` to hold token ids in [0, "
-                                 f"{self.tokenizer.vocabulary_size()}) or tokens. Received: {value!r}")
+                                 f"{self.tokenizer.vocabulary_size()}), symbols or texts of one token. "
+                                 f"Received: {value!r}")
         return tuple(ids)
 
     # -- serialization -------------------------------------------------------------------------
@@ -421,18 +473,80 @@ class _FreshMemory(keras.callbacks.Callback):
         self.task.reset_memory()
 
 
-def _texts(x):
-    """A list of strings from a string, a list, an array or a `tf.data.Dataset` of strings."""
+def _is_text(x):
     import tensorflow as tf
 
+    return isinstance(x, (str, bytes)) or (isinstance(x, (list, tuple)) and any(isinstance(t, str) for t in x)) \
+        or (isinstance(x, tf.data.Dataset) and getattr(x.element_spec, "dtype", None) == tf.string)
+
+
+def _texts(x, needed_tokens=None, count_tokens=len):
+    """A list of strings from a string, a list, an array, an iterator or a `tf.data.Dataset`
+    of strings; an endless dataset or an iterator is read until the texts hold
+    `needed_tokens` tokens (`count_tokens(text)`), and refused without it."""
+    import tensorflow as tf
+
+    what = "Expected text: a string, a list of strings, a numpy array of strings or a tf.data.Dataset of strings"
+    if x is None:
+        raise ValueError(f"{what}. Received: None")
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, bytes):
+        raise ValueError(f"{what}. Received bytes: decode them first (x.decode('utf-8')).")
     if isinstance(x, tf.data.Dataset):
         spec = x.element_spec
         if not (isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string):
             raise ValueError(f"Expected a dataset of strings (or of batches of strings). Received elements {spec}")
-        return [t for batch in x.as_numpy_iterator() for t in np.atleast_1d(batch).tolist()]
-    if x is None:
-        raise ValueError("Expected text to train on: a string, a list of strings or a tf.data.Dataset of strings.")
-    return x
+        endless = int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+        if endless and needed_tokens is None:
+            raise ValueError("The dataset is endless (it repeats): give steps_per_epoch (fit reads as much text as "
+                             "one epoch needs), or pass a finite dataset.")
+        items = (t.decode("utf-8") for batch in x.as_numpy_iterator() for t in np.atleast_1d(batch).tolist())
+        return _read(items, needed_tokens if endless else None, count_tokens)
+    if isinstance(x, np.ndarray):
+        if x.ndim > 1:
+            raise ValueError(f"{what}. Received an array of shape {x.shape}: give a 1-D array of strings.")
+        x = x.tolist() if x.ndim == 1 else [x.item()]
+    if isinstance(x, (list, tuple)):
+        texts = list(x)
+        if not texts:
+            raise ValueError(f"{what}. Received an empty {type(x).__name__}: there is no text.")
+        for item in texts:
+            if not isinstance(item, str):
+                hint = " (decode bytes first)" if isinstance(item, bytes) else ""
+                raise ValueError(f"Expected every item of the text to be a string{hint}. Received an item of type "
+                                 f"{type(item).__name__}: {item!r:.60}")
+        return texts
+    if isinstance(x, collections.abc.Iterator):
+        if needed_tokens is None:
+            raise ValueError("An iterator may be endless: give steps_per_epoch (fit reads as much text as one epoch "
+                             "needs), or pass a list of strings (list(...) of a finite iterator).")
+        return _read(x, needed_tokens, count_tokens)
+    raise ValueError(f"{what}. Received: {type(x).__name__}")
+
+
+def _read(items, needed_tokens, count_tokens):
+    """The strings of `items`, all of them, or the first that hold `needed_tokens` tokens."""
+    texts, tokens = [], 0
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"Expected every item of the text to be a string. Received an item of type "
+                             f"{type(item).__name__}: {item!r:.60}")
+        texts.append(item)
+        if needed_tokens is not None:
+            tokens += count_tokens(item)
+            if tokens >= needed_tokens:
+                break
+    if not texts:
+        raise ValueError("The text is empty: the dataset or iterator gave no string.")
+    return texts
+
+
+def _count(name, value, low):
+    """`value` checked as an integer >= `low` (numpy integers too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"Expected `{name}` to be an integer >= {low}. Received: {name}={value!r}")
+    return int(value)
 
 
 def _version():

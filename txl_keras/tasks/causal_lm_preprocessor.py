@@ -47,13 +47,20 @@ class TransformerXLCausalLMPreprocessor(keras.layers.Layer):
         self.sequence_length = arguments.positive_int(type(self).__name__, "sequence_length", sequence_length)
         self.built = True
 
+    def __call__(self, texts, batch_size):
+        # Text in, numpy out: Keras's `Layer.__call__` would convert nothing here, and would
+        # wrap an error about the text in lines about the call.
+        return self.call(texts, batch_size)
+
     def text_ids(self, texts):
         """int32 numpy ids of the texts read as one text (see the class docstring)."""
         if isinstance(texts, str):
             texts = [texts]
-        texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in np.asarray(texts, object).tolist()]
-        if not all(isinstance(t, str) for t in texts):
-            raise ValueError("Expected a string, a list of strings or a dataset of strings.")
+        if isinstance(texts, np.ndarray):
+            texts = texts.tolist() if texts.ndim == 1 else None
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("Expected a string or a list of strings (bytes decoded first). Received: "
+                             f"{type(texts).__name__}")
         if self.tokenizer.vocabulary.level != "word":
             texts = [t if t.endswith("\n") or not t else t + "\n" for t in texts]
         if not texts:

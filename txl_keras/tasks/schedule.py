@@ -10,34 +10,39 @@ from keras import ops
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
     """A linear warmup from 0 to `peak` over `warmup_steps`, then the TF code's cosine
     decay to `peak * min_ratio` at `total_steps` (`txl_keras.training.schedule`'s
-    "cosine", in `keras.ops`). Before `size(total_steps)` it stays at `peak`.
+    "cosine", in `keras.ops`), counted from the optimizer's step `start_step` (where a
+    `fit` began). Before `size(total_steps)` it stays at `peak`.
 
     Args:
         peak: float > 0.
         total_steps: int or None (set later by `size`).
         warmup_steps: int or None (a tenth of `total_steps`, at most 1,000).
         min_ratio: float in [0, 1].
+        start_step: int >= 0, the optimizer's step at which the schedule starts.
     """
 
-    def __init__(self, peak, total_steps=None, warmup_steps=None, min_ratio=0.004):
+    def __init__(self, peak, total_steps=None, warmup_steps=None, min_ratio=0.004, start_step=0):
         self.peak, self.min_ratio = float(peak), float(min_ratio)
-        self.total_steps, self.warmup_steps = None, None
+        self.total_steps, self.warmup_steps, self.start_step = None, None, 0
         if total_steps is not None:
-            self.size(total_steps, warmup_steps)
+            self.size(total_steps, warmup_steps, start_step)
 
     @property
     def sized(self):
         return self.total_steps is not None
 
-    def size(self, total_steps, warmup_steps=None):
-        """Fix the schedule's length (and its warmup, by default a tenth of it, at most 1,000)."""
+    def size(self, total_steps, warmup_steps=None, start_step=0):
+        """Fix the schedule's length (and its warmup, by default a tenth of it, at most
+        1,000), starting at the optimizer's step `start_step`."""
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"Expected `total_steps` to be a positive integer. Received: total_steps={total_steps!r}")
-        self.total_steps = total_steps
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"Expected `start_step` to be a non-negative integer. Received: start_step={start_step!r}")
+        self.total_steps, self.start_step = total_steps, start_step
         self.warmup_steps = min(1000, total_steps // 10) if warmup_steps is None else int(warmup_steps)
 
     def __call__(self, step):
-        step = ops.cast(step, "float32")
+        step = ops.cast(step, "float32") - float(self.start_step)
         if not self.sized:
             return ops.full((), self.peak, "float32")
         warmup = float(self.warmup_steps)
@@ -50,4 +55,4 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"peak": self.peak, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
-                "min_ratio": self.min_ratio}
+                "min_ratio": self.min_ratio, "start_step": self.start_step}

@@ -16,13 +16,39 @@ _WHITE_SPACE = ("[\t\n\x0b\x0c\r\x1c-\x1f \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{2
                 "\\x{202f}\\x{205f}\\x{3000}]")
 
 
-def _as_ids(inputs):
-    """int32 ids of a tensor, an array, a list or a list of lists (ragged)."""
-    if isinstance(inputs, tf.RaggedTensor):
-        return tf.cast(inputs, tf.int32)
-    if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple, np.ndarray)):
-        return tf.ragged.constant([np.asarray(row).tolist() for row in inputs], tf.int32)
-    return tf.cast(tf.convert_to_tensor(inputs if tf.is_tensor(inputs) else np.asarray(inputs, np.int64)), tf.int32)
+def _as_ids(inputs, size):
+    """int32 ids of a tensor, an array, a list or a list of lists (ragged), each checked to
+    be an integer in `[0, size)` before any cast (eagerly a ValueError; in a graph an
+    assertion)."""
+    if isinstance(inputs, tf.RaggedTensor) or tf.is_tensor(inputs):
+        if not inputs.dtype.is_integer:
+            raise ValueError(f"Expected integer token ids. Received dtype {inputs.dtype.name}")
+        ids = tf.cast(inputs, tf.int64)
+        flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+        if tf.executing_eagerly():
+            _check_range(flat.numpy(), size)
+        else:
+            in_range = tf.debugging.Assert(tf.reduce_all((flat >= 0) & (flat < size)), [
+                f"Token ids must be in [0, {size}); received", tf.reduce_min(flat), tf.reduce_max(flat)])
+            with tf.control_dependencies([in_range]):
+                ids = tf.identity(ids)
+        return tf.cast(ids, tf.int32)
+    ragged = isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple, np.ndarray))
+    rows = [np.asarray(row) for row in inputs] if ragged else [np.asarray(inputs)]
+    for row in rows:
+        if row.size and row.dtype.kind not in "iu":
+            raise ValueError(f"Expected integer token ids. Received {row.dtype.name if row.dtype.kind != 'O' else 'values'}"
+                             f" such as {row.ravel()[0]!r}")
+        _check_range(row, size)
+    if ragged:
+        return tf.ragged.constant([row.tolist() for row in rows], tf.int32)
+    return tf.constant(rows[0].astype(np.int32) if rows[0].size else rows[0].astype(np.int32).reshape(rows[0].shape))
+
+
+def _check_range(ids, size):
+    if ids.size and (ids.min() < 0 or ids.max() >= size):
+        bad = ids[(ids < 0) | (ids >= size)].ravel()[0]
+        raise ValueError(f"Token ids must be in [0, {size}) (the vocabulary's size). Received: {int(bad)}")
 
 
 def _rewrite(text):
@@ -137,6 +163,21 @@ class TransformerXLTokenizer(keras.layers.Layer):
             raise ValueError(f"Expected `id` to be an integer in [0, {len(symbols)}). Received: id={id!r}")
         return symbols[int(id)]
 
+    def single_token_id(self, text, name="token"):
+        """The id of a symbol of the vocabulary, or of a text of exactly one token (at byte
+        level `"\\n"` is the symbol `"10"`); else a ValueError naming `name`."""
+        vocabulary = self._require_vocabulary()
+        if text in vocabulary.index:
+            return vocabulary.index[text]
+        try:
+            tokens = self.tokenize_prompt(text).numpy().tolist() if text else []
+        except (ValueError, tf.errors.InvalidArgumentError):
+            tokens = []
+        if len(tokens) != 1 or (vocabulary.unk_id is not None and tokens[0] == vocabulary.unk_id):
+            raise ValueError(f"`{name}`: {text!r} is neither a symbol of the vocabulary nor a text of one token; "
+                             "give one of its symbols or a text of one token.")
+        return tokens[0]
+
     # -- text -> ids ---------------------------------------------------------------------
 
     def __call__(self, inputs):
@@ -240,14 +281,10 @@ class TransformerXLTokenizer(keras.layers.Layer):
         """The text of ids: int `(length,)` gives a string, `(batch_size, length)` (dense or
         ragged) a list of strings (TensorFlow string tensors inside a `tf.function`)."""
         v = self._require_vocabulary()
-        ids = _as_ids(inputs)
+        ids = _as_ids(inputs, len(v))
         if ids.shape.rank not in (1, 2):
             raise ValueError(f"Expected ids of shape (length,) or (batch_size, length). Received shape {ids.shape}")
-        flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
-        in_range = tf.debugging.Assert(tf.reduce_all((flat >= 0) & (flat < len(v))), [
-            f"Token ids must be in [0, {len(v)}); received", tf.reduce_min(flat), tf.reduce_max(flat)])
-        with tf.control_dependencies([in_range]):
-            text = tf.strings.reduce_join(tf.gather(self._display, ids), axis=-1)
+        text = tf.strings.reduce_join(tf.gather(self._display, ids), axis=-1)
         if v.level == "byte":
             text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace")
         elif v.level == "word":
