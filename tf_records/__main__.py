@@ -1,4 +1,4 @@
-"""`python -m tf_records`: build vocabulary, corpus info and TFRecords for a corpus.
+r"""`python -m tf_records`: build vocabulary, corpus info and TFRecords for a corpus.
 
 Flags mirror the original `data_utils.py`. Examples:
     python -m tf_records                                    # the default: stdlib sources

@@ -14,7 +14,9 @@ import logging as std_logging
 import math
 import os
 import re
+import signal
 import sys
+import threading
 
 from txl_io import startup
 
@@ -60,8 +62,17 @@ def _quiet_logs():
         std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
 
 
+def _interrupt_on_sigint():
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt, even in a program that a shell started as a
+    background job with SIGINT ignored: a user's `kill -INT` stops it as Ctrl-C would."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run(main):
     def guarded(argv):
+        _interrupt_on_sigint()
         _quiet_logs()
         try:
             return main(argv)

@@ -125,3 +125,24 @@ def test_help_groups_the_flags_and_shows_what_a_bare_command_uses(script):
             assert float(shown) == used, name
         else:
             assert shown == used, name
+
+
+def test_sigint_stops_a_program_started_with_sigint_ignored():
+    """A shell starts a background job with SIGINT ignored; `kill -INT` still stops the
+    program, with the one line of an interrupt and exit 130 (the program signals itself
+    once it runs, so nothing depends on timing)."""
+    import signal
+
+    script = ("import os, signal, time\n"
+              "from txl_io import program\n"
+              "def main(argv):\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    for _ in range(600): time.sleep(0.1)\n"
+              "    print('ran to the end')\n"
+              "program.run(main)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert result.returncode == 130 and "ran to the end" not in result.stdout, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: interrupted (files are written atomically: what was saved stays complete; the same command resumes)"]

@@ -202,7 +202,8 @@ def interrupted_run(records, model_dir, signum):
     """train_gpu.py on a run of a million steps in one log interval, sent `signum` a second
     after it says training started (inside its first call of steps, which traces them):
     (the finished process, its standard error)."""
-    command = ["timeout", "-k", "10", "240"] + train_command(records, model_dir, "--train_steps=1000000",
+    # (a bound against a hang only: a loaded machine may take minutes to trace and stop)
+    command = ["timeout", "-k", "10", "900"] + train_command(records, model_dir, "--train_steps=1000000",
                                                                "--iterations=1000000", "--save_steps=0",
                                                                "--do_eval=false", "--lr_schedule=constant")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
@@ -213,7 +214,7 @@ def interrupted_run(records, model_dir, signum):
 
     time.sleep(1)  # inside the first call, which traces the steps (or a later one)
     process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=240)
+    stdout, stderr = process.communicate(timeout=960)
     return process, stderr
 
 

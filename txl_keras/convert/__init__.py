@@ -1,4 +1,4 @@
-"""Load the original Transformer-XL weights: TF checkpoints, PyTorch state dicts, and the
+r"""Load the original Transformer-XL weights: TF checkpoints, PyTorch state dicts, and the
 `cache.pkl` vocabulary (read without running pickled code).
 
     python -m txl_keras.convert --tf_checkpoint=pretrained/wt103/model/model.ckpt-0 \

@@ -1,4 +1,4 @@
-"""`python -m txl_keras.convert`: original weights -> a run folder txl_keras can evaluate,
+r"""`python -m txl_keras.convert`: original weights -> a run folder txl_keras can evaluate,
 export and generate from (config.json, vocab.json, corpus-info.json, ckpt-00000000/).
 
     python -m txl_keras.convert --tf_checkpoint=pretrained/wt103/model/model.ckpt-0 \

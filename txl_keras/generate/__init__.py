@@ -1,4 +1,4 @@
-"""Generation and scoring with a TransformerXLLM on any Keras backend: the prompt goes
+r"""Generation and scoring with a TransformerXLLM on any Keras backend: the prompt goes
 through the memory segment by segment, then each new token costs one step against the
 memory, held in an `InferenceCache` (`TransformerXLLM.call_with_cache`: no recomputation
 of the context; with relative positions the memory is kept as its keys and values, and

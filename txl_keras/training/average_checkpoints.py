@@ -1,4 +1,4 @@
-"""Average the weights of the last k checkpoints (as the original `avg_checkpoints.py`).
+r"""Average the weights of the last k checkpoints (as the original `avg_checkpoints.py`).
 
     python -m txl_keras.training.average_checkpoints --model_dir=runs/wt103 --num_last=5 \
         --output=runs/wt103/averaged.weights.h5
