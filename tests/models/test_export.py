@@ -67,6 +67,16 @@ default = generator.signatures["serving_default"](prompts=prompts, max_new_token
                                                   temperature=tf.constant(0.0), top_k=tf.constant(0),
                                                   seed=tf.constant(0))
 out["serving_default"] = [t.decode() for t in default["texts"].numpy()]
+generate_errors = []
+for changed in (dict(prompts=[""]), dict(max_new_tokens=-1), dict(max_new_tokens=10**7), dict(temperature=-1.0),
+                dict(temperature=float("nan")), dict(top_k=-3), dict(seed=-1)):
+    arguments = {**dict(prompts=["gamma"], max_new_tokens=3, temperature=0.0, top_k=0, seed=0), **changed}
+    try:
+        generator.generate(**{k: tf.constant(v) for k, v in arguments.items()})
+        generate_errors.append("none")
+    except tf.errors.InvalidArgumentError as e:
+        generate_errors.append(e.message.split("assertion failed: [")[-1].split("; received]")[0])
+out["generate_errors"] = generate_errors
 print(json.dumps(out))
 """
 
@@ -184,6 +194,23 @@ def test_the_saved_models_generate_is_the_tasks_generate_without_txl_keras(expor
     assert served["greedy"] == greedy and served["serving_default"] == greedy
     assert served["top_k"] == lm.generate(PROMPTS, max_new_tokens=9, sampler=TopKSampler(k=3, temperature=0.8, seed=7))
     assert served["random"] == lm.generate(PROMPTS, max_new_tokens=9, sampler=RandomSampler(temperature=0.9, seed=5))
+    # each text ends at its first end symbol, and nothing follows it: the text drawn without stops, cut there
+    free = lm.generate(PROMPTS, max_new_tokens=9, sampler=RandomSampler(temperature=0.9, seed=5), stop_token_ids=None)
+    ids = [lm.tokenizer.tokenize_prompt(t).numpy().tolist() for t in free]
+    starts = [len(lm.tokenizer.tokenize_prompt(p).numpy()) for p in PROMPTS]
+    cut = [row[: start + row[start:].index(0) + 1] if 0 in row[start:] else row for row, start in zip(ids, starts)]
+    assert served["random"] == [lm.tokenizer.detokenize(row) for row in cut]
+    assert served["random"] != free  # an end symbol was met
+
+
+def test_the_saved_models_generate_names_each_bad_argument(exported):
+    assert exported["served"]["generate_errors"] == [
+        "Invalid argument of generate: each of `prompts` must encode to at least one token (an empty prompt has "
+        "nothing to continue)"] + ["Invalid argument of generate: `max_new_tokens` must be in [0, 4096] (continue a "
+                                   "longer text by calling generate again)"] * 2 + [
+        "Invalid argument of generate: `temperature` must be a finite number >= 0 (0: greedy)"] * 2 + [
+        "Invalid argument of generate: `top_k` must be >= 0 (0: every token)",
+        "Invalid argument of generate: `seed` must be >= 0"]
 
 
 def test_the_export_traces_each_endpoint_once(tmp_path, monkeypatch):

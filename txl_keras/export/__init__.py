@@ -218,8 +218,9 @@ def _generate_signature(model, serving, tokenizer):
         ids = tokenizer.tokenize_prompt(prompt)
         check = _argument_check(tf.size(ids) > 0, "each of `prompts` must encode to at least one token (an empty "
                                 "prompt has nothing to continue)", prompt)
-        with tf.control_dependencies([check]):
-            context = tf.identity(ids)[None, :-1]
+        with tf.control_dependencies([check]):  # every use of the ids waits for the check
+            ids = tf.identity(ids)
+        context = ids[None, :-1]
         cache = model.init_cache(1, serving.mem_len, serving.clamp_len, segment_length=segment)
         shapes = [ring.shape for ring in cache.rings]
         full = tf.shape(context)[1] // segment
@@ -251,8 +252,10 @@ def _generate_signature(model, serving, tokenizer):
                                   "`temperature` must be a finite number >= 0 (0: greedy)", temperature),
                   _argument_check(top_k >= 0, "`top_k` must be >= 0 (0: every token)", top_k),
                   _argument_check(seed >= 0, "`seed` must be >= 0", seed)]
-        with tf.control_dependencies(checks):
-            sampler = _ServedSampler(tf.identity(temperature), tf.identity(top_k))
+        with tf.control_dependencies(checks):  # every argument is used after the checks only
+            prompts, max_new_tokens, temperature, top_k, seed = (
+                tf.identity(x) for x in (prompts, max_new_tokens, temperature, top_k, seed))
+        sampler = _ServedSampler(temperature, top_k)
         texts = tf.map_fn(lambda prompt: one(prompt, max_new_tokens, sampler, seed), prompts,
                           fn_output_signature=tf.string)
         return {"texts": texts}
