@@ -295,3 +295,30 @@ def test_paths_as_users_give_them(lm, tmp_path, monkeypatch):
     with pytest.raises(FileExistsError, match=f"{a_file} is a file, not a folder"):
         lm.export(str(a_file))
     assert a_file.read_text() == "mine" and not traced
+
+
+def test_generate_calls_with_other_settings_reuse_their_steps_without_retracing_warnings(lm, caplog):
+    """Other lengths, batch sizes, temperatures and nucleus masses reuse the compiled token
+    loop (TensorFlow warns when one function is traced again and again)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        for n in (3, 5, 7, 9, 11, 70):
+            lm.generate("ROMEO:", max_new_tokens=n, stop_token_ids=None)
+        for t in (0.5, 0.6, 0.7, 0.8, 0.9, 1.1):
+            lm.generate(["ROMEO:", "JU"], max_new_tokens=4, sampler=samplers.TopKSampler(k=2, temperature=t, seed=1))
+            lm.generate("O", max_new_tokens=4, sampler=samplers.TopPSampler(p=t / 2, temperature=t, seed=2))
+            "".join(lm.stream("ROMEO:", max_new_tokens=2, sampler=samplers.RandomSampler(temperature=t, seed=3)))
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+    decoders = [k for k in generation._COMPILED[lm.model] if k[0] == "decode"]
+    assert sum(k[2][0] == "TopKSampler" for k in decoders) == 1  # one loop for the six temperatures
+
+
+def test_a_sampler_drawn_in_reused_steps_draws_with_its_own_temperature(lm):
+    """Steps traced for one temperature, reused for another, draw as that other: a very low
+    temperature is greedy, and a high one is not."""
+    greedy = lm.generate("ROMEO:", max_new_tokens=30, stop_token_ids=None, sampler="greedy")
+    hot = samplers.RandomSampler(temperature=50.0, seed=9)
+    cold = samplers.RandomSampler(temperature=1e-3, seed=9)
+    assert lm.generate("ROMEO:", max_new_tokens=30, stop_token_ids=None, sampler=hot) != greedy
+    assert lm.generate("ROMEO:", max_new_tokens=30, stop_token_ids=None, sampler=cold) == greedy

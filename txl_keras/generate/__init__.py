@@ -16,6 +16,7 @@ token loop runs once for the whole batch. Samplers: `txl_keras.samplers`.
         --max_new_tokens=200 --temperature=0.8 --top_k=40 --seed=1
 """
 
+import copy
 import json
 import weakref
 
@@ -172,12 +173,36 @@ def _until_stop(tokens, stops):
     return np.asarray(tokens, "int32")
 
 
+# A built-in sampler's numbers that enter its compiled steps as inputs: a new temperature or
+# nucleus mass reuses the steps traced for another.
+TRACED_FIELDS = ("temperature", "p")
+
+
 def _sampler_key(sampler):
-    """A built-in sampler is known by its config (less its seed, an input); any other only as the same object."""
+    """A built-in sampler is known by its config less its seed and `TRACED_FIELDS` (inputs);
+    any other only as the same object."""
     if type(sampler) in BUILT_IN_SAMPLERS:
-        return type(sampler).__name__, json.dumps({k: v for k, v in sampler.get_config().items() if k != "seed"},
-                                                  sort_keys=True)
+        static = {k: v for k, v in sampler.get_config().items() if k != "seed" and k not in TRACED_FIELDS}
+        return type(sampler).__name__, json.dumps(static, sort_keys=True)
     return sampler
+
+
+def _sampler_inputs(sampler):
+    """`{field: float32 tensor}` of a built-in sampler's `TRACED_FIELDS` (else empty)."""
+    if type(sampler) not in BUILT_IN_SAMPLERS:
+        return {}
+    config = sampler.get_config()
+    return {k: ops.convert_to_tensor(config[k], "float32") for k in TRACED_FIELDS if k in config}
+
+
+def _with_inputs(sampler, inputs):
+    """The sampler inside a compiled step: its traced fields the step's inputs."""
+    if not inputs:
+        return sampler
+    traced = copy.copy(sampler)
+    for name, value in inputs.items():
+        setattr(traced, name, value)
+    return traced
 
 
 def _compiled(model, key, make):
@@ -246,7 +271,8 @@ def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
     done = limits <= 0
     pieces = []
     for start in range(0, steps, DECODE_CHUNK):
-        new, last, done, cache = decode(last, done, cache, limits, seeds, ops.convert_to_tensor(start, "int32"))
+        new, last, done, cache = decode(last, done, cache, limits, seeds, ops.convert_to_tensor(start, "int32"),
+                                        _sampler_inputs(sampler))
         pieces.append(ops.convert_to_numpy(new))
         if bool(ops.convert_to_numpy(ops.all(done))):
             break
@@ -304,8 +330,9 @@ def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, see
 def _compiled_decode(model, settings, sampler, steps, stops):
     compile_model, model = model, weakref.proxy(model)
 
-    def decode(last, done, cache, limits, seeds, start):
-        return decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds, done, start)
+    def decode(last, done, cache, limits, seeds, start, sampler_inputs):
+        return decode_loop(model, settings, _with_inputs(sampler, sampler_inputs), steps, stops, last, cache, limits,
+                           seeds, done, start)
 
     return compile_for_backend(compile_model, decode)
 
@@ -379,8 +406,9 @@ def stream(model, prompt, max_new_tokens, sampler, stops=(), settings=None, seed
     step = _compiled(model, ("stream", settings.to_json(), _sampler_key(sampler)),
                      lambda: _compiled_stream_step(model, settings, sampler))
     cache, last = prompt_cache(model, prompt[None], settings), ops.convert_to_tensor(prompt[-1:])
+    inputs = _sampler_inputs(sampler)
     for i in range(max_new_tokens):
-        last, cache = step(last, cache, ops.convert_to_tensor(seeds), ops.convert_to_tensor(i, "int32"))
+        last, cache = step(last, cache, ops.convert_to_tensor(seeds), ops.convert_to_tensor(i, "int32"), inputs)
         token = int(ops.convert_to_numpy(last)[0])
         yield token
         if token in stops:
@@ -390,8 +418,8 @@ def stream(model, prompt, max_new_tokens, sampler, stops=(), settings=None, seed
 def _compiled_stream_step(model, settings, sampler):
     compile_model, model = model, weakref.proxy(model)
 
-    def step(last, cache, seeds, i):
-        return next_token(model, settings, sampler, last, cache, seeds, i)
+    def step(last, cache, seeds, i, sampler_inputs):
+        return next_token(model, settings, _with_inputs(sampler, sampler_inputs), last, cache, seeds, i)
 
     return compile_for_backend(compile_model, step)
 
