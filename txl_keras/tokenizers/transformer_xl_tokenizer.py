@@ -78,6 +78,10 @@ class TransformerXLTokenizer(keras.layers.Layer):
     It runs TensorFlow string operations: use it eagerly or inside `tf.data.Dataset.map`,
     on any Keras backend. Its outputs are TensorFlow tensors.
 
+    The vocabulary travels as an asset, as KerasHub's tokenizers' do: `get_config` holds
+    none, `save_assets` / `load_assets` write and read `vocab.json`, and Keras calls them
+    for a `.keras` file (a model holding the tokenizer loads back whole) as presets do.
+
     Args:
         vocabulary: a `tf_records.vocabulary.Vocabulary`, the path of a `vocab.json`, or
             None to load one later (`load_assets`, as `from_config` and presets do).
