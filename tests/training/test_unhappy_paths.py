@@ -263,7 +263,7 @@ CALLS = [
     (lambda: TransformerXLConfig(n_token=100, cutoffs=[100]), "strictly increasing"),
     (lambda: TransformerXLConfig(n_layer=2.0), "n_layer` to be an integer"),
     (lambda: TransformerXLConfig(init_std=float("nan")), "init_std` to be a finite number"),
-    (lambda: sampler_from(temperature=-1.0), "temperature` >= 0"),
+    (lambda: sampler_from(temperature=-1.0), "temperature` to be a finite number >= 0"),
     (lambda: sampler_from(top_k=-1), "top_k` to be a non-negative"),
     (lambda: sampler_from(top_p=0.0), "top_p` in (0, 1]"),
     (lambda: sampler_from(top_p=1.5), "top_p` in (0, 1]"),
