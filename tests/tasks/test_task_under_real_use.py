@@ -322,3 +322,31 @@ def test_a_sampler_drawn_in_reused_steps_draws_with_its_own_temperature(lm):
     cold = samplers.RandomSampler(temperature=1e-3, seed=9)
     assert lm.generate("ROMEO:", max_new_tokens=30, stop_token_ids=None, sampler=hot) != greedy
     assert lm.generate("ROMEO:", max_new_tokens=30, stop_token_ids=None, sampler=cold) == greedy
+
+
+def test_beam_search_runs_in_pieces_that_continue_each_other_and_a_signal_stops_it(lm):
+    """One beam over more steps than one piece is greedy's text; Ctrl-C during a piece ends
+    the search when that piece returns."""
+    steps = generation.DECODE_CHUNK * 2 + 7
+    greedy = lm.generate("ROMEO:", max_new_tokens=steps, stop_token_ids=None, sampler="greedy")
+    assert lm.generate("ROMEO:", max_new_tokens=steps, stop_token_ids=None,
+                       sampler=samplers.BeamSampler(num_beams=1)) == greedy
+    settings = lm.model.config.with_memory()
+    key = ("beam", settings.to_json(), 2, 30_000, ())
+    search = generation._compiled_beam(lm.model, settings, 2, 30_000, ())
+    pieces = []
+
+    def interrupted_piece(*state):
+        out = search(*state)
+        pieces.append(int(out[0]) - int(state[0]))
+        signal.raise_signal(signal.SIGINT)
+        return out
+
+    generation._COMPILED[lm.model][key] = interrupted_piece
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lm.generate("ROMEO:", max_new_tokens=30_000, stop_token_ids=None,
+                        sampler=samplers.BeamSampler(num_beams=2))
+    finally:
+        del generation._COMPILED[lm.model][key]
+    assert pieces == [generation.DECODE_CHUNK]

@@ -340,7 +340,8 @@ def _compiled_decode(model, settings, sampler, steps, stops):
 def beam_search(model, prompt, max_new_tokens, sampler, stops=(), settings=None):
     """The new tokens of the best beam (int32 `(n,)`, up to its stop token) of `prompt`
     (1-D ids), with `sampler` a `BeamSampler`: the memory cache is expanded to the beams
-    and reordered with them in its own layout (the batch axis of every ring)."""
+    and reordered with them in its own layout (the batch axis of every ring). The search
+    runs in compiled pieces of `DECODE_CHUNK` steps (Ctrl-C is handled between two)."""
     settings = settings or model.config.with_memory()
     if max_new_tokens == 0:
         return np.zeros((0,), "int32")
@@ -349,8 +350,16 @@ def beam_search(model, prompt, max_new_tokens, sampler, stops=(), settings=None)
                                                           stops))
     cache = prompt_cache(model, np.asarray(prompt, "int32")[None], settings)
     cache = cache._replace(rings=tuple(ops.repeat(ring, sampler.num_beams, axis=1) for ring in cache.rings))
-    sequences, scores, lengths = (ops.convert_to_numpy(x) for x in
-                                  search(ops.full((sampler.num_beams,), int(prompt[-1]), "int32"), cache))
+    beams = sampler.num_beams
+    state = (ops.convert_to_tensor(0, "int32"), ops.full((beams,), int(prompt[-1]), "int32"),
+             ops.zeros((beams,), "float32"), ops.zeros((beams,), "bool"), ops.zeros((beams,), "int32"),
+             ops.zeros((beams, max_new_tokens), "int32"), cache)
+    while True:
+        state = search(*state)
+        step, finished = int(ops.convert_to_numpy(state[0])), ops.convert_to_numpy(state[3])
+        if step >= max_new_tokens or finished.all():
+            break
+    scores, lengths, sequences = (ops.convert_to_numpy(state[k]) for k in (2, 4, 5))
     normalized = scores / np.maximum(lengths, 1).astype("float64") ** sampler.length_penalty
     best = int(np.argmax(normalized))
     return sequences[best, : int(lengths[best])].astype("int32")
@@ -361,9 +370,12 @@ def _compiled_beam(model, settings, beams, steps, stops):
     memory = step_memory(settings)
     stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
 
-    def search(last, cache):
+    def search(start, last, scores, finished, lengths, sequences, cache):
+        """Up to `DECODE_CHUNK` steps of the search from its state at step `start`."""
+        end = ops.minimum(start + DECODE_CHUNK, steps)
+
         def cond(i, last, scores, finished, lengths, sequences, cache):
-            return ops.logical_and(i < steps, ops.logical_not(ops.all(finished)))
+            return ops.logical_and(i < end, ops.logical_not(ops.all(finished)))
 
         def body(i, last, scores, finished, lengths, sequences, cache):
             out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
@@ -384,10 +396,7 @@ def _compiled_beam(model, settings, beams, steps, stops):
             cache = cache._replace(rings=tuple(ops.take(ring, beam, axis=1) for ring in cache.rings))
             return i + 1, token, scores, ops.logical_or(was_finished, stopped), lengths, sequences, cache
 
-        start = (ops.convert_to_tensor(0, "int32"), last, ops.zeros((beams,), "float32"),
-                 ops.zeros((beams,), "bool"), ops.zeros((beams,), "int32"), ops.zeros((beams, steps), "int32"), cache)
-        _, _, scores, _, lengths, sequences, _ = ops.while_loop(cond, body, start)
-        return sequences, scores, lengths
+        return ops.while_loop(cond, body, (start, last, scores, finished, lengths, sequences, cache))
 
     return compile_for_backend(compile_model, search)
 
