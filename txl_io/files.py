@@ -457,7 +457,6 @@ def _flock(path, what):
         handle.close()  # its holder deleted it on release: lock the new file
 
 
-@contextlib.contextmanager
 def check_new_folder(output):
     """Refuse, before any work, an `output` folder that `staged_folder` would refuse: a
     file, or a folder that is not empty."""
@@ -475,12 +474,11 @@ def staged_folder(output, what, last=None):
     commit).
 
     One writer at a time (the lock file `.<name>.lock` beside it, see `exclusive`); an
-    `output` that exists and is not empty is refused before anything is written; the
+    `output` that is a file or a non-empty folder is refused before anything is written; the
     staging folder that an interrupted run left (with its lock file) is cleared and written
     again, so the same command after any interruption completes, and a partial output never
     appears under `output`. A failed block leaves nothing behind."""
     output = output.rstrip("/")
-    check_new_folder(output)
     parent = dirname(output) or "."
     staging = join(parent, f".{basename(output)}.partial")  # (not a prefix of `output`)
     lock = join(parent, f".{basename(output)}.lock")
@@ -489,8 +487,7 @@ def staged_folder(output, what, last=None):
     makedirs(parent)
     published = False
     with _locked(lock, f"{what} ({output})"):
-        if listdir(output):
-            raise FileExistsError(f"{output} is not empty; choose a new folder (nothing is overwritten).")
+        check_new_folder(output)
         _clear(staging)
         makedirs(staging)
         try:

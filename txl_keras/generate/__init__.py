@@ -268,11 +268,10 @@ def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
         valid=ops.concatenate([c.valid for c in caches]))
     last = ops.convert_to_tensor(np.asarray([rows[r][-1] for r in order], "int32"))
     limits, seeds = ops.convert_to_tensor(limits[order]), ops.convert_to_tensor(seeds[order])
-    done = limits <= 0
+    done, inputs = limits <= 0, _sampler_inputs(sampler)
     pieces = []
     for start in range(0, steps, DECODE_CHUNK):
-        new, last, done, cache = decode(last, done, cache, limits, seeds, ops.convert_to_tensor(start, "int32"),
-                                        _sampler_inputs(sampler))
+        new, last, done, cache = decode(last, done, cache, limits, seeds, ops.convert_to_tensor(start, "int32"), inputs)
         pieces.append(ops.convert_to_numpy(new))
         if bool(ops.convert_to_numpy(ops.all(done))):
             break

@@ -42,7 +42,7 @@ def _as_ids(inputs, size):
         _check_range(row, size)
     if ragged:
         return tf.ragged.constant([row.tolist() for row in rows], tf.int32)
-    return tf.constant(rows[0].astype(np.int32) if rows[0].size else rows[0].astype(np.int32).reshape(rows[0].shape))
+    return tf.constant(rows[0].astype(np.int32))
 
 
 def _check_range(ids, size):
