@@ -1,8 +1,12 @@
+import re
+
 from setuptools import find_packages, setup
+
+VERSION = re.search(r'__version__ = "(.+)"', open("txl_keras/version.py", encoding="utf-8").read()).group(1)
 
 setup(
     name="txl_keras",
-    version="0.1.0",
+    version=VERSION,
     description="Transformer-XL (Dai et al., 2019) for Keras 3 and TensorFlow 2",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

@@ -11,7 +11,9 @@ each worker; every worker runs the same command.
 import json
 import os
 
-from txl_io import program  # first: txl_io starts its programs without TensorFlow's start-up notices
+from txl_io import program, startup
+
+startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported without its start-up notices
 
 import tensorflow as tf  # noqa: E402,I001
 from absl import app, flags  # noqa: E402

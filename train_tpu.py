@@ -9,7 +9,9 @@ Without a reachable TPU it stops within seconds with a message saying what to pa
 import glob
 import os
 
-from txl_io import program  # first: txl_io starts its programs without TensorFlow's start-up notices
+from txl_io import program, startup
+
+startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported without its start-up notices
 
 import tensorflow as tf  # noqa: E402,I001
 from absl import app, flags  # noqa: E402

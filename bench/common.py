@@ -14,6 +14,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from txl_io.cpu_allocator import prefer_bfc_cpu_allocator  # noqa: E402
+
+prefer_bfc_cpu_allocator()  # as the programs start: this process and every worker it runs
+
 CONFIG_NAMES = ("char_small", "word_adaptive", "word_50k")
 
 

@@ -29,14 +29,10 @@ def pytest_configure(config):
     if config.pluginmanager.hasplugin("dsession"):
         return
     if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
-        # TensorFlow's start-up notices kept off the test log, as the programs keep them off theirs.
-        import importlib.util  # (txl_io/startup.py alone: the package itself imports TensorFlow)
+        from txl_io import startup
 
-        spec = importlib.util.spec_from_file_location(
-            "_startup", os.path.join(os.path.dirname(__file__), "..", "txl_io", "startup.py"))
-        startup = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(startup)
-        startup.quiet_tensorflow()
+        # The programs' start: the BFC CPU allocator, TensorFlow's start-up notices kept off the log.
+        startup.start_program()
     import keras
 
     if keras.config.backend() == "tensorflow":

@@ -1,28 +1,34 @@
 """Corpora -> vocabularies -> TFRecords -> per-replica stream datasets.
 
 Build records with `python -m tf_records --dataset=NAME ...`; read them back with
-`load_record_info` and `stream_dataset` / `distributed_dataset_fn`.
+`load_record_info` and `stream_dataset` / `distributed_dataset_fn`. Importing the package
+imports nothing heavy: each name below loads its module (and TensorFlow, where that module
+uses it) on first use.
 """
 
-from txl_io import startup
+import importlib
 
-startup.quiet_tensorflow()  # before TensorFlow is first imported
+_HOMES = {
+    "Corpus": "corpora",
+    "Vocabulary": "vocabulary",
+    "build_records": "build",
+    "distributed_dataset_fn": "dataset",
+    "load_corpus": "corpora",
+    "load_corpus_info": "build",
+    "load_record_info": "dataset",
+    "stream_dataset": "dataset",
+    "verify_records": "dataset",
+    "write_split": "records",
+}
 
-from tf_records.build import build_records, load_corpus_info  # noqa: E402
-from tf_records.corpora import Corpus, load_corpus  # noqa: E402
-from tf_records.dataset import distributed_dataset_fn, load_record_info, stream_dataset, verify_records  # noqa: E402
-from tf_records.records import write_split  # noqa: E402
-from tf_records.vocabulary import Vocabulary  # noqa: E402
+__all__ = sorted(_HOMES)
 
-__all__ = [
-    "Corpus",
-    "Vocabulary",
-    "build_records",
-    "distributed_dataset_fn",
-    "load_corpus",
-    "load_corpus_info",
-    "load_record_info",
-    "stream_dataset",
-    "verify_records",
-    "write_split",
-]
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"tf_records.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'tf_records' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

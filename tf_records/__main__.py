@@ -9,6 +9,10 @@ Flags mirror the original `data_utils.py`. Examples:
     python -m tf_records --pretrained=transfo_xl_wt103 --data_dir=raw/wt103   # a released model's test records
 """
 
+from txl_io import startup
+
+startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported without its start-up notices
+
 import codecs
 import os
 

@@ -21,9 +21,22 @@ import tempfile
 import time
 import uuid
 
-import tensorflow as tf
 
-gfile = tf.io.gfile
+def _tf():
+    """TensorFlow, imported on first use (its gfile holds every filesystem)."""
+    import tensorflow as tf
+
+    return tf
+
+
+class _LazyGfile:
+    """`tf.io.gfile`, reached on first use: importing this module does not import TensorFlow."""
+
+    def __getattr__(self, name):
+        return getattr(_tf().io.gfile, name)
+
+
+gfile = _LazyGfile()
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
@@ -99,10 +112,10 @@ def reporting(path):
     """Turn TensorFlow's filesystem errors about `path` into a one-line StorageError."""
     try:
         yield
-    except (tf.errors.OpError, OSError) as e:
+    except (_tf().errors.OpError, OSError) as e:
         if isinstance(e, (StorageError, FileNotFoundError)):
             raise
-        if isinstance(e, tf.errors.NotFoundError):
+        if isinstance(e, _tf().errors.NotFoundError):
             raise FileNotFoundError(f"No such file or folder: {path}") from None
         raise storage_error(path, e) from None
 
@@ -160,7 +173,7 @@ def makedirs(path):
         raise StorageError(f"Refusing to create the local folder {path!r}: it looks like a URL missing a '/'.")
     try:
         gfile.makedirs(path)
-    except (tf.errors.OpError, OSError) as e:
+    except (_tf().errors.OpError, OSError) as e:
         raise StorageError(f"Cannot create the folder {path}: {storage_error(path, e).args[0].split(': ', 1)[1]}") \
             from None
 
@@ -335,7 +348,7 @@ def local_output(path, suffix="", overwrite=True):
         try:
             if gfile.exists(remote_tmp):
                 gfile.remove(remote_tmp)
-        except tf.errors.OpError:
+        except _tf().errors.OpError:
             pass
 
 
@@ -373,7 +386,7 @@ def _holder(lock_path):
         with open(lock_path) if is_local(lock_path) else gfile.GFile(lock_path) as f:
             data = json.loads(f.read() or "{}")
         return f"pid {data['pid']} on {data['host']}, since {data['since']}"
-    except (OSError, ValueError, KeyError, TypeError, tf.errors.OpError):
+    except (OSError, ValueError, KeyError, TypeError, _tf().errors.OpError):
         return "another process"
 
 

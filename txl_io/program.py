@@ -18,13 +18,9 @@ import signal
 import sys
 import threading
 
-from txl_io import startup
+from absl import app, flags, logging
 
-startup.quiet_tensorflow()  # a program starts without TensorFlow's start-up notices
-
-from absl import app, flags, logging  # noqa: E402
-
-from txl_io.files import StorageError  # noqa: E402
+from txl_io.files import StorageError
 
 # What a user can fix from the message alone; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, StorageError)
@@ -98,9 +94,11 @@ def run(main):
 def _parse_flags(argv):
     """absl's flag parsing, a bad flag reported as a usage error (one line, exit 2); --help by group."""
     arguments = argv[1:argv.index("--")] if "--" in argv else argv[1:]
-    if any(a in HELP_ARGS for a in arguments) and any(flags.FLAGS.module_help(g).strip() for g in GROUPS):
-        print(grouped_help(sys.modules["__main__"].__doc__))
-        sys.exit(0)
+    if any(a in HELP_ARGS for a in arguments):
+        if any(flags.FLAGS.module_help(g).strip() for g in GROUPS):
+            print(grouped_help(sys.modules["__main__"].__doc__))
+            sys.exit(0)
+        app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)  # absl's own --help exits 1
     try:
         rest = flags.FLAGS(argv)
         check_flag_values(flags.FLAGS)

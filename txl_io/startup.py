@@ -8,15 +8,19 @@ its devices with stderr captured, then writes back every captured line that is n
 of those notices (a real warning or error still shows), and sets `TF_CPP_MIN_LOG_LEVEL=1`
 (C++ info lines off, warnings and errors on) unless the environment sets it.
 
-Importing `tf_records` or `txl_keras` (from Python, on any Keras backend, and so every
-program) starts this way when TensorFlow is not imported yet; `--verbosity=1` (or higher) on
-the command line or `TXL_KERAS_TF_LOGS=1` shows everything TensorFlow prints.
+Every program (the trainers, `python -m tf_records`, `python -m txl_keras.*`, the bench
+scripts) calls `start_program()` first: TensorFlow's BFC CPU allocator
+(`cpu_allocator`), then this quiet import. Importing a package of the project does
+neither. `--verbosity=1` (or higher) on the command line or `TXL_KERAS_TF_LOGS=1` shows
+everything TensorFlow prints.
 """
 
 import os
 import re
 import sys
 import tempfile
+
+from txl_io.cpu_allocator import prefer_bfc_cpu_allocator
 
 ENVIRONMENT = "TXL_KERAS_TF_LOGS"
 _NOISE = [
@@ -71,3 +75,10 @@ def quiet_tensorflow():
             text = capture.read().decode("utf-8", errors="replace")
             for line in kept_lines(text, _has_gpu_device_files()):
                 print(line, file=sys.stderr)
+
+
+def start_program():
+    """A program's start, before it imports TensorFlow: the BFC CPU allocator (unless the
+    environment chose), then TensorFlow imported quietly."""
+    prefer_bfc_cpu_allocator()
+    quiet_tensorflow()

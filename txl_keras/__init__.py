@@ -1,47 +1,47 @@
 """txl_keras: Transformer-XL (Dai et al., 2019) for Keras 3 and TensorFlow 2.
 
-`import txl_keras` loads the layers, the models, the tokenizer and the text task
-(`TransformerXLCausalLM`: text in, text out, `fit` on text, presets); the rest is reached
-lazily on first use: `txl_keras.training`, `txl_keras.export` /
-`txl_keras.export_saved_model`, `txl_keras.generate` (the module;
-`txl_keras.generate.generate` the function), `txl_keras.convert`, `txl_keras.run_folder`,
-`txl_keras.presets` (names and folders -> config, weights and vocabulary).
+The layers (`txl_keras.layers`), the models (`TransformerXL`, `TransformerXLLM`,
+`TransformerXLConfig`), the tokenizer and the text task (`TransformerXLCausalLM`: text in,
+text out, `fit` on text, presets), and the modules `training`, `export`
+(`export_saved_model`), `generate` (the module; `txl_keras.generate.generate` the
+function), `convert`, `run_folder` and `presets`.
 
-Importing it calls `txl_keras.tf_backend.install()`: TensorFlow's BFC CPU allocator is
-selected (unless the environment sets `TF_CPU_ALLOCATOR_USE_BFC`), and on the TensorFlow
-backend the layers get TensorFlow's replica id, dropout bits and whole-table draws.
+Importing the package has no effect on the process and imports neither Keras nor
+TensorFlow: each name loads its module on first use (and so registers its Keras classes
+for `keras.saving.load_model`). TensorFlow is imported where it is used: on the
+TensorFlow backend, the tokenizer, the data pipeline, the trainers and export.
+`prefer_bfc_cpu_allocator()`, called before TensorFlow runs its first operation, selects
+TensorFlow's BFC CPU allocator as the programs do (faster CPU training).
 """
 
 import importlib
 
-from txl_io import startup
+from txl_keras.version import __version__
 
-startup.quiet_tensorflow()  # the programs (python -m txl_keras.*) start quietly
+# public name -> the module that holds it
+_HOMES = {
+    "PRESETS": "txl_keras.models",
+    "TransformerXL": "txl_keras.models",
+    "TransformerXLConfig": "txl_keras.models",
+    "TransformerXLLM": "txl_keras.models",
+    "TransformerXLTokenizer": "txl_keras.tokenizers",
+    "TransformerXLCausalLM": "txl_keras.tasks",
+    "TransformerXLCausalLMPreprocessor": "txl_keras.tasks",
+    "export_saved_model": "txl_keras.export",
+    "load_trained_model": "txl_keras.run_folder",
+    "prefer_bfc_cpu_allocator": "txl_io.cpu_allocator",
+}
+_MODULES = ("convert", "export", "generate", "kernels", "layers", "models", "presets", "run_folder", "tasks",
+            "tokenizers", "training")
 
-from txl_keras import tf_backend  # noqa: E402
-
-tf_backend.install()  # before TensorFlow makes its CPU device
-
-from txl_keras import kernels, layers  # noqa: E402
-from txl_keras.models import PRESETS, TransformerXL, TransformerXLConfig, TransformerXLLM  # noqa: E402
-from txl_keras.tokenizers import TransformerXLTokenizer  # noqa: E402
-from txl_keras.tasks import TransformerXLCausalLM, TransformerXLCausalLMPreprocessor  # noqa: E402
-
-__version__ = "0.1.0"
-
-_LAZY_MODULES = ("convert", "export", "generate", "presets", "run_folder", "training")
-_LAZY_NAMES = {"export_saved_model": "export", "load_trained_model": "run_folder"}
-
-__all__ = ["PRESETS", "TransformerXL", "TransformerXLCausalLM", "TransformerXLCausalLMPreprocessor",
-           "TransformerXLConfig", "TransformerXLLM", "TransformerXLTokenizer", "kernels", "layers",
-           *_LAZY_MODULES, *_LAZY_NAMES]
+__all__ = sorted([*_HOMES, *_MODULES, "__version__"])
 
 
 def __getattr__(name):
-    if name in _LAZY_MODULES:
+    if name in _MODULES:
         return importlib.import_module(f"txl_keras.{name}")
-    if name in _LAZY_NAMES:
-        return getattr(importlib.import_module(f"txl_keras.{_LAZY_NAMES[name]}"), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'txl_keras' has no attribute {name!r}")
 
 

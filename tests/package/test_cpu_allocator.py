@@ -1,11 +1,13 @@
-"""`import txl_keras` selects TensorFlow's BFC CPU allocator (freed buffers are kept for the
-next step instead of being returned to the OS and faulted in again), unless the user chose."""
+"""`prefer_bfc_cpu_allocator()` (every program's start; `txl_keras.prefer_bfc_cpu_allocator`
+for a user's script) selects TensorFlow's BFC CPU allocator (freed buffers are kept for the
+next step instead of being returned to the OS and faulted in again), unless the user chose;
+`import txl_keras` alone leaves the process's environment as it was."""
 
 import os
 import subprocess
 import sys
 
-from txl_keras.tf_backend import cpu_allocator
+from txl_io import cpu_allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -13,8 +15,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # five times; the page faults of the last three runs are counted.
 PROBE = """
 import resource
+import os
 import tensorflow as tf
 import txl_keras
+assert "TF_CPU_ALLOCATOR_USE_BFC" not in os.environ  # importing the library changes nothing
+txl_keras.prefer_bfc_cpu_allocator()
 x = tf.random.normal((4096, 4096))
 f = tf.function(lambda x: tf.reduce_sum(tf.exp(x * 0.5) * 2.0, axis=-1), jit_compile=True)
 for _ in range(2):
@@ -27,7 +32,7 @@ print(tf.config.experimental.get_memory_info("CPU:0")["peak"] > 0,
 """
 
 
-def test_import_selects_the_bfc_allocator_and_steps_reuse_its_memory():
+def test_the_bfc_allocator_is_chosen_by_one_call_and_steps_reuse_its_memory():
     env = {k: v for k, v in os.environ.items() if k not in (cpu_allocator.USE_BFC, cpu_allocator.LIMIT_MB)}
     env["KERAS_BACKEND"] = "tensorflow"
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,

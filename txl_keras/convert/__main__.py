@@ -9,6 +9,9 @@ The folder is written whole (staged beside it, then renamed): an interrupted con
 leaves no partial folder, and the same command completes it.
 """
 
+from txl_io import startup
+
+startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported without its start-up notices
 
 from absl import app, flags
 

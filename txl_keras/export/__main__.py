@@ -3,6 +3,9 @@
     python -m txl_keras.export --model_dir=runs/quickstart --output=exported/quickstart
 """
 
+from txl_io import startup
+
+startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported without its start-up notices
 
 from absl import app, flags
 

@@ -27,7 +27,7 @@ output, `txl_keras.tf_backend.random_bits`).
 import keras
 from keras import ops
 
-from txl_keras import kernels
+from txl_keras import kernels, tf_backend
 from txl_keras.layers import arguments
 
 # An odd constant (golden ratio, 32 bits): replica r adds r * _SALT to the seed.
@@ -43,11 +43,13 @@ def set_random_bits_source(source):
     """Install `source(inputs, seed_generator) -> integers of `inputs`' shape, uniform in
     [0, 2**KEEP_BITS)` (any integer dtype holding them), which draws once from the
     generator (`seed_generator.next()`); None restores `keras.random.randint`."""
+    tf_backend.install()  # first, so that it does not replace this choice later
     _RANDOM_BITS_SOURCE[0] = source
 
 
 def random_bits(inputs, seed_generator):
     """`KEEP_BITS` uniform random bits per unit of `inputs`, as integers of its shape."""
+    tf_backend.install()
     source = _RANDOM_BITS_SOURCE[0] if kernels.fast_kernels_enabled() else None
     if source is None:
         return keras.random.randint(ops.shape(inputs), 0, 1 << KEEP_BITS, dtype="int32", seed=seed_generator)
@@ -62,14 +64,16 @@ def keep_threshold(rate):
 
 def set_replica_id_source(source):
     """Install `source() -> replica id or None`, the backend's way to tell which replica of
-    a data-parallel step is running (`txl_keras.tf_backend.install` gives TensorFlow's
+    a data-parallel step is running (`txl_keras.tf_backend.install`, run on first use, gives TensorFlow's
     `tf.distribute` one); None removes it."""
+    tf_backend.install()
     _REPLICA_ID_SOURCE[0] = source
 
 
 def replica_id():
     """The id of the running replica when there is more than one (an int32 scalar tensor
     or a Python int), else None (one replica, or no source for this backend)."""
+    tf_backend.install()
     source = _REPLICA_ID_SOURCE[0]
     return None if source is None else source()
 

@@ -12,6 +12,8 @@ import math
 import keras
 from keras import ops
 
+from txl_keras import tf_backend
+
 # Values drawn at a time for a large weight: 64 MB in float32, above glibc's largest mmap
 # threshold (32 MB), so that each block's buffers go back to the system when freed (smaller
 # ones come from the heap, which keeps them).
@@ -24,6 +26,7 @@ def set_whole_draw(draw):
     """Install `draw(initializer, shape, dtype) -> values`, the backend's way to draw a
     large weight at once taking its size only once (`txl_keras.tf_backend.install` gives
     TensorFlow's); None removes it."""
+    tf_backend.install()  # first, so that it does not replace this choice later
     _WHOLE_DRAW[0] = draw
 
 
@@ -69,6 +72,7 @@ def weight_initializer(initializer):
         block = max(1, BLOCK_VALUES // max(per_row, 1))
         if rows <= block:
             return initializer(shape, dtype=dtype)
+        tf_backend.install()
         if _WHOLE_DRAW[0] is not None:
             return _WHOLE_DRAW[0](initializer, shape, dtype)
         parts = [

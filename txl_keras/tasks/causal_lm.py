@@ -21,6 +21,7 @@ from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreproce
 from txl_keras.tasks.perplexity import Perplexity
 from txl_keras.tasks.schedule import WarmupCosine
 from txl_keras.tokenizers import TransformerXLTokenizer
+from txl_keras.version import __version__
 
 PAPER_LEARNING_RATE = 2.5e-4
 PAPER_CLIP_NORM = 0.25
@@ -151,7 +152,7 @@ class TransformerXLCausalLM(keras.Model):
         non-empty folder is refused. A local path's `~` is expanded."""
         preset_dir = files.user_path(preset_dir)
         config = self.model.config
-        metadata = {"keras_version": keras.__version__, "txl_keras_version": _version(),
+        metadata = {"keras_version": keras.__version__, "txl_keras_version": __version__,
                     "parameter_count": sizes.parameter_count(config),
                     "vocabulary_fingerprint": self.tokenizer.vocabulary.fingerprint(),
                     "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
@@ -549,7 +550,4 @@ def _count(name, value, low):
     return int(value)
 
 
-def _version():
-    import txl_keras
 
-    return txl_keras.__version__

@@ -1,30 +1,27 @@
 """The TensorFlow-specific pieces of txl_keras, installed by one call.
 
-The layers use `keras.ops` only. `install()`, which `import txl_keras` calls, gives them
-what TensorFlow offers beyond `keras.ops` when it is the Keras backend:
+The layers use `keras.ops` only. `install()`, which the layers call on first use, gives
+them what TensorFlow offers beyond `keras.ops` when it is the Keras backend:
 
-- `cpu_allocator`: TensorFlow's BFC CPU allocator, which keeps freed buffers for the next
-  step (chosen before TensorFlow makes its CPU device; set on every backend, harmless
-  where TensorFlow does not run);
 - `replicas`: the `tf.distribute` replica id, so that each replica draws its own dropout
   masks (`ReplicaDropout`);
 - `random_bits`: dropout's random bits, two units per 32-bit Philox word (a fast kernel;
   `keras.random.randint` is its reference);
 - `whole_draw`: large random tables drawn as one graph, taking their size once.
-"""
 
-from txl_keras.tf_backend.cpu_allocator import prefer_bfc_cpu_allocator
+(TensorFlow's BFC CPU allocator is a process setting: `txl_io.cpu_allocator`, chosen by the
+programs and by `txl_keras.prefer_bfc_cpu_allocator()`.)
+"""
 
 _INSTALLED = []
 
 
 def install():
-    """Select the BFC CPU allocator (unless the environment chose) and, on the TensorFlow
-    backend, give the layers TensorFlow's replica id, random bits and whole draws. Call it
-    before TensorFlow runs its first operation; calling it again does nothing."""
+    """On the TensorFlow backend, give the layers TensorFlow's replica id, random bits and
+    whole draws; calling it again does nothing."""
     if _INSTALLED:
         return
-    prefer_bfc_cpu_allocator()
+    _INSTALLED.append(True)
     import keras
 
     if keras.config.backend() == "tensorflow":
@@ -36,4 +33,3 @@ def install():
         replica_dropout.set_replica_id_source(tf_replica_id)
         replica_dropout.set_random_bits_source(philox_bits16)
         weight_initializers.set_whole_draw(draw_as_one_graph)
-    _INSTALLED.append(True)

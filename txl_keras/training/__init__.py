@@ -1,17 +1,31 @@
-"""The shared training loop, optimizer, schedules, checkpoints and evaluation."""
+"""The shared training loop, optimizer, schedules, checkpoints and evaluation.
 
-from txl_keras.run_folder import latest_checkpoint, list_checkpoints, save_checkpoint
-from txl_keras.training.schedule import learning_rate
-from txl_keras.training.train_config import RUN_PRESETS, TrainConfig
-from txl_keras.training.trainer import NonFiniteLossError, Trainer
+Importing the package imports nothing heavy (so that
+`python -m txl_keras.training.average_checkpoints` starts quietly): each name below loads
+its module on first use.
+"""
 
-__all__ = [
-    "NonFiniteLossError",
-    "RUN_PRESETS",
-    "TrainConfig",
-    "Trainer",
-    "latest_checkpoint",
-    "learning_rate",
-    "list_checkpoints",
-    "save_checkpoint",
-]
+import importlib
+
+_HOMES = {
+    "NonFiniteLossError": "txl_keras.training.trainer",
+    "RUN_PRESETS": "txl_keras.training.train_config",
+    "TrainConfig": "txl_keras.training.train_config",
+    "Trainer": "txl_keras.training.trainer",
+    "latest_checkpoint": "txl_keras.run_folder",
+    "learning_rate": "txl_keras.training.schedule",
+    "list_checkpoints": "txl_keras.run_folder",
+    "save_checkpoint": "txl_keras.run_folder",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'txl_keras.training' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

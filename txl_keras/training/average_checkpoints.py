@@ -4,7 +4,12 @@ r"""Average the weights of the last k checkpoints (as the original `avg_checkpoi
         --output=runs/wt103/averaged.weights.h5
 """
 
-import contextlib
+if __name__ == "__main__":  # the program's start, before TensorFlow is imported
+    from txl_io import startup
+
+    startup.start_program()
+
+import contextlib  # noqa: E402
 
 import h5py
 import numpy as np
