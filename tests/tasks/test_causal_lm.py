@@ -100,14 +100,17 @@ def test_compile_defaults_are_the_papers_recipe_sized_by_fit():
         lm.fit(TEXT, batch_size=2, shuffle=True)
 
 
-def test_the_schedule_is_the_trainers_learning_rate():
-    tf = pytest.importorskip("tensorflow")
-    from txl_keras.training.schedule import learning_rate
-
-    schedule = WarmupCosine(2.5e-4, total_steps=500, warmup_steps=40)
+def test_the_schedule_is_the_papers_warmup_and_cosine_from_where_fit_started():
+    peak, total, warm, ratio, start = 2.5e-4, 500, 40, 0.004, 30
+    schedule = WarmupCosine(peak, total_steps=total, warmup_steps=warm, start_step=start)
     for step in (0, 1, 20, 40, 41, 250, 499, 500, 700):
-        expected = float(learning_rate(tf.constant(step), 2.5e-4, 500, 40, 0.004, "cosine"))
-        assert float(to_np(schedule(step))) == pytest.approx(expected, rel=1e-5, abs=1e-12)
+        if step < warm:
+            want = peak * step / warm
+        else:
+            progress = min((step - warm) / (total - warm), 1.0)
+            want = peak * ((1 - ratio) * 0.5 * (1 + math.cos(math.pi * progress)) + ratio)
+        assert float(to_np(schedule(step + start))) == pytest.approx(want, rel=1e-5, abs=1e-12)
+    assert float(to_np(WarmupCosine(peak)(123))) == pytest.approx(peak)  # not sized yet: the peak
 
 
 def test_a_saved_preset_loads_with_the_same_scores_and_greedy_text(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from txl_keras.training.optimizer import Adam
-from txl_keras.training.schedule import learning_rate
+from txl_keras.schedules import learning_rate
 
 
 def test_cosine_with_warmup_matches_formula():

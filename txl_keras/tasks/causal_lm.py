@@ -19,7 +19,7 @@ from txl_keras.models import TransformerXLLM, sizes
 from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights, save_weights
 from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from txl_keras.tasks.perplexity import Perplexity
-from txl_keras.tasks.schedule import WarmupCosine
+from txl_keras.schedules import WarmupCosine
 from txl_keras.tokenizers import TransformerXLTokenizer
 from txl_keras.version import __version__
 

@@ -13,7 +13,7 @@ _HOMES = {
     "TrainConfig": "txl_keras.training.train_config",
     "Trainer": "txl_keras.training.trainer",
     "latest_checkpoint": "txl_keras.run_folder",
-    "learning_rate": "txl_keras.training.schedule",
+    "learning_rate": "txl_keras.schedules",
     "list_checkpoints": "txl_keras.run_folder",
     "save_checkpoint": "txl_keras.run_folder",
 }

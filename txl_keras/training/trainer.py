@@ -31,7 +31,7 @@ from txl_keras.models.transformer_xl_lm import TransformerXLLM
 from txl_keras.training.evaluation import Evaluation
 from txl_keras.training.interrupts import Interrupted, StopRequest
 from txl_keras.training.optimizer import Adam
-from txl_keras.training.schedule import learning_rate
+from txl_keras.schedules import learning_rate
 
 LN2 = math.log(2.0)
 CALL_SECONDS = 2.0  # a compiled call of steps runs about this long: a stop request waits no longer

@@ -1,17 +1,45 @@
-"""`WarmupCosine`: the original trainers' learning rate, as a Keras schedule sized by `fit`."""
+"""The learning rate of the original trainers, in `keras.ops`: one formula for the trainers
+(`learning_rate`, a function of the step) and for Keras's `fit` (`WarmupCosine`, a Keras
+schedule sized by `fit`)."""
 
 import math
 
 import keras
 from keras import ops
 
+SCHEDULES = ("cosine", "inv_sqrt", "constant")
+
+
+def learning_rate(step, base_lr, train_steps, warmup_steps=0, min_lr_ratio=0.004, schedule="cosine"):
+    """The learning rate at `step` (an int or a scalar tensor), a float32 scalar.
+
+    Linear warmup from 0 over `warmup_steps`, then `cosine`: the TF code's
+    `cosine_decay(base_lr, step - warmup, train_steps - warmup, alpha=min_lr_ratio)`;
+    `inv_sqrt`: `base_lr * sqrt(warmup / step)` (PyTorch code); `constant`.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"Expected `lr_schedule` in {SCHEDULES}. Received: {schedule!r}")
+    step = ops.cast(step, "float32")
+    warmup = float(warmup_steps)
+    if schedule == "cosine":
+        progress = ops.clip((step - warmup) / float(max(1, train_steps - warmup_steps)), 0.0, 1.0)
+        cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
+        after = base_lr * ((1.0 - min_lr_ratio) * cosine + min_lr_ratio)
+    elif schedule == "inv_sqrt":
+        after = base_lr * ops.rsqrt(ops.maximum(step, 1.0) / max(warmup, 1.0))
+    else:
+        after = ops.full((), base_lr, "float32")
+    if warmup_steps > 0:
+        return ops.where(step < warmup, base_lr * step / warmup, after)
+    return after
+
 
 @keras.saving.register_keras_serializable(package="txl_keras")
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
-    """A linear warmup from 0 to `peak` over `warmup_steps`, then the TF code's cosine
-    decay to `peak * min_ratio` at `total_steps` (`txl_keras.training.schedule`'s
-    "cosine", in `keras.ops`), counted from the optimizer's step `start_step` (where a
-    `fit` began). Before `size(total_steps)` it stays at `peak`.
+    """`learning_rate(..., schedule="cosine")` as a Keras schedule: a linear warmup from 0
+    to `peak` over `warmup_steps`, then the TF code's cosine decay to `peak * min_ratio` at
+    `total_steps`, counted from the optimizer's step `start_step` (where a `fit` began).
+    Before `size(total_steps)` it stays at `peak`.
 
     Args:
         peak: float > 0.
@@ -42,16 +70,10 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = min(1000, total_steps // 10) if warmup_steps is None else int(warmup_steps)
 
     def __call__(self, step):
-        step = ops.cast(step, "float32") - float(self.start_step)
         if not self.sized:
             return ops.full((), self.peak, "float32")
-        warmup = float(self.warmup_steps)
-        progress = ops.clip((step - warmup) / float(max(1, self.total_steps - self.warmup_steps)), 0.0, 1.0)
-        cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
-        after = self.peak * ((1.0 - self.min_ratio) * cosine + self.min_ratio)
-        if self.warmup_steps == 0:
-            return after
-        return ops.where(step < warmup, self.peak * step / warmup, after)
+        return learning_rate(ops.cast(step, "float32") - float(self.start_step), self.peak, self.total_steps,
+                             self.warmup_steps, self.min_ratio, "cosine")
 
     def get_config(self):
         return {"peak": self.peak, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
