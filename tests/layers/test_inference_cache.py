@@ -145,3 +145,26 @@ def test_reset_broadcasts_one_row_to_every_slot():
     cache = store.read()
     np.testing.assert_array_equal(to_np(time_major(cache.rows(0, 5))), np.repeat(row, 5, axis=1))
     assert int(cache.valid) == 5
+
+
+def test_the_named_conversions_move_whole_streams_and_layers():
+    rng = np.random.default_rng(0)
+    rings = tuple(rng.normal(size=(2, 3, 4, 5)).astype("float32") for _ in range(3))
+    keys = tuple(rng.normal(size=(2, 5, 7)).astype("float32") for _ in range(3))
+    cache = InferenceCache(tuple(ops.convert_to_tensor(r) for r in rings), ops.array(1, "int32"),
+                           ops.array(2, "int32"), tuple(ops.convert_to_tensor(k) for k in keys))
+    repeated = cache.repeated(2)
+    for ring, want in zip(repeated.rings, rings):
+        np.testing.assert_array_equal(ops.convert_to_numpy(ring), np.repeat(want, 2, axis=1))
+    reordered = cache.reordered(ops.convert_to_tensor(np.array([2, 0, 0], "int32")))
+    for ring, want in zip(reordered.rings, rings):
+        np.testing.assert_array_equal(ops.convert_to_numpy(ring), want[:, [2, 0, 0]])
+    middle = cache.layers(1, 2)
+    assert len(middle.rings) == 1 and len(middle.position_keys) == 1
+    np.testing.assert_array_equal(ops.convert_to_numpy(middle.position_keys[0]), keys[1])
+    assert (int(reordered.offset), int(reordered.valid)) == (1, 2)
+    rows = [c.per_row() for c in (cache, cache.reordered(ops.convert_to_tensor(np.array([1], "int32"))))]
+    joined = InferenceCache.joined(rows)
+    np.testing.assert_array_equal(ops.convert_to_numpy(joined.rings[0]), np.concatenate(
+        [rings[0], rings[0][:, [1]]], axis=1))
+    assert ops.convert_to_numpy(joined.valid).tolist() == [2, 2, 2, 2]

@@ -126,7 +126,7 @@ def _signatures(model, serving):
         out, cache = model.call_with_cache(
             _checked(tokens, "tokens", n_token), cache,
             targets=None if targets is None else _checked(targets, "targets", n_token), **overrides)
-        cache = cache._replace(rings=tuple(tf.ensure_shape(r, [groups, None, mem_len, width]) for r in cache.rings))
+        cache = cache.map_rings(lambda ring: tf.ensure_shape(ring, [groups, None, mem_len, width]))
         result = {f"new_mem_{i}": tf.cast(cache.rows(i, mem_len), tf.float32) for i in range(serving.n_layer)}
         result["new_memory_valid"] = tf.cast(cache.valid, tf.int32)
         return out, result
@@ -222,12 +222,12 @@ def _generate_signature(model, serving, tokenizer):
             ids = tf.identity(ids)
         context = ids[None, :-1]
         cache = model.init_cache(1, serving.mem_len, serving.clamp_len, segment_length=segment)
-        shapes = [ring.shape for ring in cache.rings]
+        ring_shape = cache.rings[0].shape  # every layer's ring has one layout
         full = tf.shape(context)[1] // segment
 
         def advance(tokens, cache):  # (the rings keep their shapes, as the loop needs)
             cache = model.call_with_cache(tokens, cache, **generation.step_memory(serving))[1]
-            return cache._replace(rings=tuple(tf.ensure_shape(r, shape) for r, shape in zip(cache.rings, shapes)))
+            return cache.map_rings(lambda ring: tf.ensure_shape(ring, ring_shape))
 
         def feed(s, cache):
             return s + 1, advance(tf.ensure_shape(context[:, s * segment:(s + 1) * segment], [1, segment]), cache)

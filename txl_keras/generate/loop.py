@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from txl_keras.layers import InferenceCache
 from txl_keras.models import sizes
 from txl_keras.samplers import (BeamSampler, GreedySampler, RandomSampler, Sampler, TopKSampler, TopPSampler,
                                 sampler_from)
@@ -231,8 +232,7 @@ def ready_for_steps(model, cache, settings):
     token)."""
     cache = cache.turned(cache.written)
     if cache.position_keys:
-        cache = cache._replace(position_keys=tuple(model.backbone.project_positions(settings.mem_len + 1,
-                                                                                    settings.clamp_len)))
+        cache = cache.with_position_keys(model.backbone.project_positions(settings.mem_len + 1, settings.clamp_len))
     return cache
 
 
@@ -263,9 +263,7 @@ def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
         caches.append(prompt_cache(model, np.stack([rows[r] for r in group]), settings))
     # one offset for all: the longest prompts' (the most rows written)
     caches = [c.per_row(caches[-1].offset) for c in caches]
-    cache = caches[0] if len(caches) == 1 else caches[-1]._replace(
-        rings=tuple(ops.concatenate(rings, axis=1) for rings in zip(*(c.rings for c in caches))),
-        valid=ops.concatenate([c.valid for c in caches]))
+    cache = InferenceCache.joined(caches)
     last = ops.convert_to_tensor(np.asarray([rows[r][-1] for r in order], "int32"))
     limits, seeds = ops.convert_to_tensor(limits[order]), ops.convert_to_tensor(seeds[order])
     done, inputs = limits <= 0, _sampler_inputs(sampler)
@@ -348,7 +346,7 @@ def beam_search(model, prompt, max_new_tokens, sampler, stops=(), settings=None)
     search = _compiled(model, key, lambda: _compiled_beam(model, settings, sampler.num_beams, max_new_tokens,
                                                           stops))
     cache = prompt_cache(model, np.asarray(prompt, "int32")[None], settings)
-    cache = cache._replace(rings=tuple(ops.repeat(ring, sampler.num_beams, axis=1) for ring in cache.rings))
+    cache = cache.repeated(sampler.num_beams)
     beams = sampler.num_beams
     state = (ops.convert_to_tensor(0, "int32"), ops.full((beams,), int(prompt[-1]), "int32"),
              ops.zeros((beams,), "float32"), ops.zeros((beams,), "bool"), ops.zeros((beams,), "int32"),
@@ -392,7 +390,7 @@ def _compiled_beam(model, settings, beams, steps, stops):
             lengths = ops.take(lengths, beam, axis=0) + ops.cast(ops.logical_not(was_finished), "int32")
             sequences = ops.slice_update(ops.take(sequences, beam, axis=0), (0, i), token[:, None])
             stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
-            cache = cache._replace(rings=tuple(ops.take(ring, beam, axis=1) for ring in cache.rings))
+            cache = cache.reordered(beam)
             return i + 1, token, scores, ops.logical_or(was_finished, stopped), lengths, sequences, cache
 
         return ops.while_loop(cond, body, (start, last, scores, finished, lengths, sequences, cache))

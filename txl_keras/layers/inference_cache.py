@@ -98,6 +98,40 @@ class InferenceCache(NamedTuple):
         write where they lie (a token loop's cache: nothing else reads it)."""
         return self._replace(rings=tuple(own(ring) for ring in self.rings))
 
+    def map_rings(self, function):
+        """The same memory with each ring passed through `function` (a ring of the same
+        layout back; e.g. a backend's shape assertion)."""
+        return self._replace(rings=tuple(function(ring) for ring in self.rings))
+
+    def repeated(self, times):
+        """Each stream's memory `times` times in a row (the beams of one prompt):
+        `batch_size * times` streams."""
+        return self.map_rings(lambda ring: ops.repeat(ring, times, axis=1))
+
+    def reordered(self, streams):
+        """The memories of `streams` (int32 `(new_batch_size,)`, indices of this cache's
+        streams) in that order (beam search keeping its best beams). `valid` must be one
+        count for all streams."""
+        return self.map_rings(lambda ring: ops.take(ring, streams, axis=1))
+
+    def layers(self, start, end):
+        """The memory of layers `[start, end)` alone (a program that runs those blocks)."""
+        return self._replace(rings=self.rings[start:end], position_keys=self.position_keys[start:end])
+
+    def with_position_keys(self, position_keys):
+        """The same memory with `position_keys` (one per layer) for its attention."""
+        return self._replace(position_keys=tuple(position_keys))
+
+    @staticmethod
+    def joined(caches):
+        """One memory of the streams of `caches`, in order, on the batch axis; each cache
+        from `per_row` turned to one offset (its real rows counted per stream)."""
+        if len(caches) == 1:
+            return caches[0]
+        return caches[-1]._replace(
+            rings=tuple(ops.concatenate(rings, axis=1) for rings in zip(*(c.rings for c in caches))),
+            valid=ops.concatenate([c.valid for c in caches]))
+
     def append(self, rows, valid, write_after=None):
         """The cache with `rows` (one per layer, `(batch_size, T, G * W)`) as its newest
         rows and `valid` real ones (a single row is written in place with the fast

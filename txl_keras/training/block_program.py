@@ -54,7 +54,7 @@ class SharedBlockProgram:
             end = start + self.group
             blocks = self.backbone.blocks[start:end]
             weights = [variable.value for block in blocks for variable in block.variables]
-            part = cache._replace(rings=cache.rings[start:end], position_keys=cache.position_keys[start:end])
+            part = cache.layers(start, end)
             hidden, group_rows = self._program(weights, hidden, part, layer_args[start:end])
             rows += group_rows
         return hidden, rows
