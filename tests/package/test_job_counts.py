@@ -1,0 +1,28 @@
+"""`tools/count_jobs.py`: its detectors see what they look for, and the jobs brought down to
+one way stay there (no code outside the memory rewrites its fields; importing a package has
+no effect on the process)."""
+
+import ast
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import count_jobs  # noqa: E402
+
+
+def test_module_level_effects_are_found_and_a_main_guard_is_not_one():
+    tree = ast.parse("import os\nimport re\nPATTERN = re.compile('x')\nos.environ['A'] = '1'\nsetup()\n"
+                     "def f():\n    g()\nif True:\n    h()\nif __name__ == '__main__':\n    main()\n")
+    assert count_jobs.module_level_effects(tree) == [4, 5, 9]
+
+
+def test_no_field_rewrites_outside_the_memory_and_no_import_side_effects():
+    rows, probes = count_jobs.count()
+    assert rows["memory field rewrites"] == [], rows["memory field rewrites"]
+    assert rows["import-time side effects"] == [], rows["import-time side effects"]
+    assert set(probes) == {"txl_keras", "tf_records", "txl_io"}
+    assert all(p == {"loaded": [], "environment_changed": [], "stderr_replaced": False} for p in probes.values())
+    # the detectors find the jobs that are still done in several places
+    assert len(rows["from_preset meanings"]) >= 1 and len(rows["generation loops"]) >= 1
