@@ -144,7 +144,8 @@ class RandomSampler(Sampler):
         return argmax(logits + gumbel)
 
 
-def _top_k_filter(logits, k):
+def top_k_filter(logits, k):
+    """`logits` with all but each row's `k` largest at -inf (`k` an int or a scalar tensor)."""
     kth = ops.top_k(logits, k)[0][:, -1:]
     return ops.where(logits < kth, -np.inf, logits)
 
@@ -159,7 +160,7 @@ class TopKSampler(RandomSampler):
         self.k = int(k)
 
     def filter(self, logits):
-        return _top_k_filter(logits, min(self.k, logits.shape[-1]))
+        return top_k_filter(logits, min(self.k, logits.shape[-1]))
 
     def get_config(self):
         return {"k": self.k, **super().get_config()}
@@ -180,7 +181,7 @@ class TopPSampler(RandomSampler):
 
     def filter(self, logits):
         if self.k:
-            logits = _top_k_filter(logits, min(self.k, logits.shape[-1]))
+            logits = top_k_filter(logits, min(self.k, logits.shape[-1]))
         descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
         probs = ops.softmax(descending, axis=-1)
         before = ops.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens

@@ -176,30 +176,23 @@ def _text_signatures(tokenizer):
     }
 
 
-class _ServedSampler:
-    """The sampler of the `generate` signature's inputs: greedy at `temperature` 0, else
-    `TopKSampler(top_k, temperature)` (`RandomSampler` at `top_k` 0), with the same draws."""
+class _ServedSampler(samplers.RandomSampler):
+    """The sampler of the `generate` signature's inputs (tensors): greedy at `temperature`
+    0, else `TopKSampler(top_k, temperature)` (`RandomSampler` at `top_k` 0), drawing as
+    the library's samplers do. Only the branch asked for runs: no draws for greedy, no
+    top-k without a `top_k`."""
 
     def __init__(self, temperature, top_k):
-        self.temperature, self.top_k = temperature, top_k
+        self.temperature, self.top_k, self.seed = temperature, top_k, None
 
-    def __call__(self, log_probs, keys):
-        # Only the branch asked for runs: no draws for greedy, no top-k without a `top_k`.
+    def filter(self, logits):
+        k = tf.minimum(self.top_k, tf.shape(logits)[-1])
+        return tf.cond(self.top_k > 0, lambda: samplers.top_k_filter(logits, k), lambda: logits)
+
+    def get_next_token(self, log_probs, keys):
         log_probs = tf.cast(log_probs, tf.float32)
-        return tf.cond(self.temperature > 0, lambda: self._sampled(log_probs, keys),
+        return tf.cond(self.temperature > 0, lambda: samplers.RandomSampler.get_next_token(self, log_probs, keys),
                        lambda: samplers.argmax(log_probs))
-
-    def _sampled(self, log_probs, keys):
-        logits = samplers.scaled_logits(log_probs, self.temperature)
-        vocabulary = tf.shape(logits)[-1]
-
-        def filtered():
-            kth = tf.math.top_k(logits, tf.minimum(self.top_k, vocabulary)).values[:, -1:]
-            return tf.where(logits < kth, -float("inf"), logits)
-
-        logits = tf.cond(self.top_k > 0, filtered, lambda: logits)
-        gumbel = -tf.math.log(-tf.math.log(samplers.row_uniform(keys, vocabulary)))
-        return samplers.argmax(logits + gumbel)
 
 
 def _argument_check(condition, message, value):
