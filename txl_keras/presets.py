@@ -1,19 +1,21 @@
 """Presets: any name or folder a user gives, turned into a config, weights and a vocabulary.
 
 One resolver for the text task (`TransformerXLCausalLM.from_preset`), the trainers'
-`--init_from` and `--pretrained`, and generation. It knows files and layouts, not the task:
+`--init_from` and `--pretrained`, and generation. It knows files and layouts, not the task.
+Each source is a `PresetLoader` class, found through one registry (`NAMED_LOADERS`, then
+`FOLDER_LOADERS` by what a folder holds):
 
-- a released model's name (`RELEASES`, e.g. "transfo_xl_wt103": the paper's trained
+- `ReleaseLoader`: a released model's name (`RELEASES`, e.g. "transfo_xl_wt103": the paper's trained
   weights): downloaded on first use (each file checked, see `txl_keras.releases`),
   converted once into the cache (`$KERAS_HOME/txl_keras/pretrained/<name>`, `~/.keras`
   without `KERAS_HOME`; `cache_dir=` overrides; `TXL_KERAS_PRETRAINED_URL` or `url=` names
   a mirror), then read offline; the downloaded files are deleted after the conversion;
-- a run folder (`train_gpu.py`'s `--model_dir`) or a converted folder
+- `RunFolderLoader`: a run folder (`train_gpu.py`'s `--model_dir`) or a converted folder
   (`python -m txl_keras.convert`): `config.json`, checkpoints, `vocab.json`;
-- a preset folder written by `TransformerXLCausalLM.save_to_preset`: `config.json` (the
+- `PresetFolderLoader`: a preset folder written by `TransformerXLCausalLM.save_to_preset`: `config.json` (the
   serialized `TransformerXLLM`), `metadata.json`, `model.weights.h5`, `tokenizer.json`
   and `assets/tokenizer/vocab.json`;
-- a local folder in the release layout (`model/<checkpoint>.index`, `.data-*`,
+- `ReleaseLayoutLoader`: a local folder in the release layout (`model/<checkpoint>.index`, `.data-*`,
   `data/cache.pkl`), converted into the cache: the checkpoint is the one `model/checkpoint`
   names (else the only one there), the corpus the one its folder's name and its
   `cache.pkl` agree on.
@@ -95,15 +97,105 @@ def presets():
             for name, r in RELEASES.items()}
 
 
-def resolve(preset, url=None, cache_dir=None, log=None, force_download=False):
-    """The `Preset` of a name or folder (see the module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """How a loader may fetch and convert: a mirror `url`, the cache's `cache_dir`, a `log`
+    for progress lines, and `force_download` (fetch and convert again)."""
+
+    url: str = None
+    cache_dir: str = None
+    log: object = None
+    force_download: bool = False
+
+
+class PresetLoader:
+    """One source of presets. `matches(preset)` says whether a name or (expanded) path is
+    of this source; `load(preset, options)` gives its `Preset`. A new source (a hub's
+    handles) is one subclass added to `LOADERS`."""
+
+    kind = None
+
+    @staticmethod
+    def matches(preset):
+        raise NotImplementedError
+
+    def load(self, preset, options):
+        raise NotImplementedError
+
+
+class ReleaseLoader(PresetLoader):
+    """A released model's name: downloaded, checked and converted into the cache once."""
+
+    kind = "release"
+
+    @staticmethod
+    def matches(preset):
+        return preset in RELEASES
+
+    def load(self, preset, options):
+        converted = converted_folder(preset, options.cache_dir)
+        _cache_entry(converted, {"release": preset}, options.force_download,
+                     lambda: fetch_and_convert(preset, converted, options.url, options.cache_dir, options.log,
+                                               options.force_download))
+        return _run_folder_preset(preset, self.kind, converted)
+
+
+class PresetFolderLoader(PresetLoader):
+    """A folder written by `TransformerXLCausalLM.save_to_preset`."""
+
+    kind = "preset folder"
+
+    @staticmethod
+    def matches(preset):
+        return files.exists(files.join(preset, METADATA)) and files.exists(files.join(preset, TOKENIZER))
+
+    def load(self, preset, options):
+        return _preset_folder(preset)
+
+
+class RunFolderLoader(PresetLoader):
+    """A training run's or a conversion's folder: `config.json`, checkpoints, `vocab.json`."""
+
+    kind = "run folder"
+
+    @staticmethod
+    def matches(preset):
+        return files.exists(files.join(preset, CONFIG))
+
+    def load(self, preset, options):
+        return _run_folder_preset(preset, self.kind, preset)
+
+
+class ReleaseLayoutLoader(PresetLoader):
+    """A local folder in the release layout (`model/`, `data/cache.pkl`), converted into the cache."""
+
+    kind = "release"
+
+    @staticmethod
+    def matches(preset):
+        return files.isdir(files.join(preset, "model"))
+
+    def load(self, preset, options):
+        release, prefix = release_of_folder(preset)
+        converted = converted_folder(local_entry_name(preset), options.cache_dir)
+        _cache_entry(converted, _local_source(preset, prefix), options.force_download,
+                     lambda: convert_release(prefix, files.join(preset, "data", "cache.pkl"), release, converted))
+        return _run_folder_preset(preset, self.kind, converted)
+
+
+# The registry, in the order a preset is tried: names first, then folders by what they hold.
+NAMED_LOADERS = (ReleaseLoader,)
+FOLDER_LOADERS = (PresetFolderLoader, RunFolderLoader, ReleaseLayoutLoader)
+
+
+def preset_loader(preset):
+    """`(loader, preset)`: the loader of a name or folder, with a path's `~` expanded; a
+    clear error for anything no loader takes."""
     if not isinstance(preset, str) or not preset.strip():
         raise ValueError(f"Expected `preset` to be a name or the path of a folder. Received: preset={preset!r}")
-    if preset in RELEASES:
-        converted = converted_folder(preset, cache_dir)
-        _cache_entry(converted, {"release": preset}, force_download,
-                     lambda: fetch_and_convert(preset, converted, url, cache_dir, log, force_download))
-        return _run_folder_preset(preset, "release", converted)
+    for loader in NAMED_LOADERS:
+        if loader.matches(preset):
+            return loader(), preset
     if preset in ARCHITECTURES:
         raise ValueError(f"{preset!r} is an architecture (random weights, no vocabulary), not a trained model: "
                          f"TransformerXLLM.from_preset({preset!r}) builds it untrained. Trained models: "
@@ -112,19 +204,18 @@ def resolve(preset, url=None, cache_dir=None, log=None, force_download=False):
     if not files.isdir(preset):
         raise RunFolderError(f"No run folder at {preset}: give a released model's name ({', '.join(sorted(RELEASES))}) "
                              "or the path of a run, converted or preset folder.")
-    if files.exists(files.join(preset, METADATA)) and files.exists(files.join(preset, TOKENIZER)):
-        return _preset_folder(preset)
-    if files.exists(files.join(preset, CONFIG)):
-        return _run_folder_preset(preset, "run folder", preset)
-    if not files.isdir(files.join(preset, "model")):
-        raise ValueError(f"{preset!r} is neither a released model ({', '.join(sorted(RELEASES))}), a run or "
-                         "converted folder (config.json), a preset folder (metadata.json, tokenizer.json) nor a "
-                         "folder in the release layout (model/model.ckpt-N, data/cache.pkl).")
-    release, prefix = release_of_folder(preset)
-    converted = converted_folder(local_entry_name(preset), cache_dir)
-    _cache_entry(converted, _local_source(preset, prefix), force_download,
-                 lambda: convert_release(prefix, files.join(preset, "data", "cache.pkl"), release, converted))
-    return _run_folder_preset(preset, "release", converted)
+    for loader in FOLDER_LOADERS:
+        if loader.matches(preset):
+            return loader(), preset
+    raise ValueError(f"{preset!r} is neither a released model ({', '.join(sorted(RELEASES))}), a run or "
+                     "converted folder (config.json), a preset folder (metadata.json, tokenizer.json) nor a "
+                     "folder in the release layout (model/model.ckpt-N, data/cache.pkl).")
+
+
+def resolve(preset, url=None, cache_dir=None, log=None, force_download=False):
+    """The `Preset` of a name or folder (see the module docstring): its loader's."""
+    loader, preset = preset_loader(preset)
+    return loader.load(preset, LoadOptions(url, cache_dir, log, force_download))
 
 
 def _run_folder_preset(source, kind, folder):

@@ -147,3 +147,32 @@ def test_presets_name_what_they_are():
         TransformerXLLM.from_preset("transfo_xl_wt103")
     with pytest.raises(ValueError, match="No run folder at no/such/folder: give a released model's name"):
         TransformerXLCausalLM.from_preset("no/such/folder")
+
+
+def test_a_new_preset_source_is_one_loader_class(tmp_path, monkeypatch):
+    """A source of presets (here: a folder holding a handle that names a saved preset) is one
+    `PresetLoader` subclass in the registry; `from_preset` then loads it like any other."""
+    from txl_keras import presets
+
+    class HandleLoader(presets.PresetLoader):
+        kind = "handle"
+
+        @staticmethod
+        def matches(preset):
+            return os.path.exists(os.path.join(preset, "handle.txt"))
+
+        def load(self, preset, options):
+            with open(os.path.join(preset, "handle.txt")) as f:
+                return presets.PresetFolderLoader().load(f.read().strip(), options)
+
+    lm = make_task()
+    saved = str(tmp_path / "saved")
+    lm.save_to_preset(saved)
+    handle = tmp_path / "handle"
+    handle.mkdir()
+    (handle / "handle.txt").write_text(saved)
+    with pytest.raises(ValueError, match="is neither a released model"):
+        TransformerXLCausalLM.from_preset(str(handle))
+    monkeypatch.setattr(presets, "FOLDER_LOADERS", (HandleLoader,) + presets.FOLDER_LOADERS)
+    loaded = TransformerXLCausalLM.from_preset(str(handle))
+    assert loaded.score(TEXT[:60]).perplexity == pytest.approx(lm.score(TEXT[:60]).perplexity, rel=1e-6)
