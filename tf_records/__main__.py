@@ -20,10 +20,11 @@ from absl import app, flags
 
 from txl_io import program
 from tf_records.build import build_records
-from tf_records.corpora import LOCAL_SPLIT_RULE
+from tf_records.corpora import LOADERS, LOCAL_SPLIT_RULE
+from txl_keras.releases import RELEASES, release_vocabulary
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("dataset", "stdlib", "enwik8, text8, wt103, wt2, ptb, lm1b, stdlib, text or tfds:NAME.")
+flags.DEFINE_string("dataset", "stdlib", f"{', '.join(LOADERS)} or tfds:NAME.")
 flags.DEFINE_string("data_dir", None, "Folder of the raw corpus files (as getdata.sh leaves them).")
 flags.DEFINE_string("records_dir", None, "Output folder (default data/<dataset>).")
 flags.DEFINE_list("splits", ["train", "valid", "test"], "Splits to build.")
@@ -47,8 +48,8 @@ flags.DEFINE_integer("max_bytes", None, "text/stdlib: read at most this many cha
 flags.DEFINE_string("tfds_data_dir", None, "tfds:NAME: where the dataset is prepared.")
 flags.DEFINE_string("vocab", None, "Encode with this vocab.json (e.g. of converted pretrained weights) "
                     "instead of counting one (every dataset; its level is the vocabulary's).")
-flags.DEFINE_string("pretrained", None, "A released model (transfo_xl_wt103, transfo_xl_enwik8, transfo_xl_text8, "
-                    "transfo_xl_lm1b) or a run folder: encode with its vocabulary (a released one's is downloaded "
+flags.DEFINE_string("pretrained", None, f"A released model ({', '.join(RELEASES)}) or a run folder: encode with its "
+                    "vocabulary (a released one's is downloaded "
                     "if needed). For a released model the defaults become its corpus (--dataset), the test "
                     "split at the paper's evaluation settings (--tgt_len, --per_host_valid_bsz=16) and "
                     "--records_dir=data/<name>, where train_gpu.py --pretrained looks.")
@@ -58,19 +59,18 @@ flags.DEFINE_string("encoding", "utf-8", "text: the files' encoding at char and 
 
 def pretrained_defaults():
     """The vocabulary of --pretrained, and its release's defaults for the flags not given."""
-    from txl_keras import releases
     from tf_records.vocabulary import Vocabulary
 
     name = FLAGS.pretrained
-    if name not in releases.RELEASES:
+    if name not in RELEASES:
         return Vocabulary.load(os.path.join(name, "vocab.json"))
-    release = releases.RELEASES[name]
+    release = RELEASES[name]
     defaults = {"dataset": release.dataset, "tgt_len": release.tgt_len, "splits": ["test"],
                 "per_host_valid_bsz": 16, "records_dir": os.path.join("data", name)}
     for flag, value in defaults.items():
         if not FLAGS[flag].present:
             FLAGS[flag].value = value
-    return releases.release_vocabulary(name)
+    return release_vocabulary(name)
 
 
 def main(argv):

@@ -25,6 +25,7 @@ from tf_records.vocabulary import Vocabulary
 from txl_keras import run_folder
 from txl_keras.models import sizes
 from txl_keras.models.config import PRESETS, TransformerXLConfig
+from txl_keras.releases import RELEASES
 from txl_keras.training.evaluation import SCORE_TOKENS
 from txl_keras.training.train_config import QUICKSTART, RUN_PRESETS, TrainConfig
 from txl_keras.training.trainer import NonFiniteLossError, Trainer
@@ -50,8 +51,8 @@ def define_flags():
     define("string", "config", QUICKSTART, f"Run preset ({', '.join(sorted(RUN_PRESETS))}), model preset "
            f"({', '.join(sorted(PRESETS))}) or the path of a config.json (e.g. one written by "
            "python -m txl_keras.convert).", "run")
-    define("string", "pretrained", None, "Evaluate a released model (transfo_xl_wt103, transfo_xl_enwik8, "
-           "transfo_xl_text8, transfo_xl_lm1b: downloaded and converted on first use) or a converted folder at its "
+    define("string", "pretrained", None, f"Evaluate a released model ({', '.join(RELEASES)}: downloaded and "
+           "converted on first use) or a converted folder at its "
            "paper settings: --config, --model_dir and the checkpoint are its, --do_train=false, and by default "
            "--eval_split=test, --eval_batch_size=16 and --data_dir=data/<name> (python -m tf_records "
            "--pretrained=<name> builds them).", "run")
