@@ -15,8 +15,7 @@ from txl_io import program, startup
 
 startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported without its start-up notices
 
-import tensorflow as tf  # noqa: E402,I001
-from absl import app, flags  # noqa: E402
+from absl import app, flags  # noqa: E402,I001
 
 from txl_keras.training import cli
 from txl_keras.training.watchdog import Watchdog
@@ -31,6 +30,8 @@ FLAGS = flags.FLAGS
 
 def make_strategy():
     """`(strategy, num_hosts, is_chief)` for this machine and TF_CONFIG."""
+    import tensorflow as tf
+
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     workers = cluster.get("worker", [])
     if len(workers) > 1:

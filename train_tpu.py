@@ -13,8 +13,7 @@ from txl_io import program, startup
 
 startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported without its start-up notices
 
-import tensorflow as tf  # noqa: E402,I001
-from absl import app, flags  # noqa: E402
+from absl import app, flags  # noqa: E402,I001
 
 from txl_keras.training import cli
 from txl_keras.training.watchdog import Watchdog
@@ -37,6 +36,8 @@ def _local_tpu_present():
 
 def connect_tpu():
     """`(strategy, num_hosts)`, or NoTPUError with what to do."""
+    import tensorflow as tf
+
     tpu = FLAGS.tpu or os.environ.get("TPU_NAME")
     if not tpu:
         raise NoTPUError("No TPU given: pass --tpu=NAME (with --tpu_zone and --gcp_project), "

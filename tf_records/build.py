@@ -6,7 +6,6 @@ import os
 from txl_io import files
 from tf_records.corpora import SPLITS, load_corpus
 from tf_records.download import download
-from tf_records.records import write_split
 from tf_records.vocabulary import VOCAB_FILE
 
 CORPUS_INFO_FILE = "corpus-info.json"
@@ -46,6 +45,8 @@ def build_records(dataset, records_dir=None, data_dir=None, splits=SPLITS, per_h
 
 
 def _write_splits(corpus, records_dir, splits, batches, tgt_len, num_hosts, num_passes, log):
+    from tf_records.records import write_split  # TensorFlow: imported when records are written
+
     _refuse_other_vocabulary(records_dir, corpus)
     for i, split in enumerate(splits):
         ids = corpus.split_ids[split]()

@@ -10,7 +10,7 @@ of those notices (a real warning or error still shows), and sets `TF_CPP_MIN_LOG
 
 Every program (the trainers, `python -m tf_records`, `python -m txl_keras.*`, the bench
 scripts) calls `start_program()` first: TensorFlow's BFC CPU allocator
-(`cpu_allocator`), then this quiet import. Importing a package of the project does
+(`cpu_allocator`), then this quiet import (skipped for `--help`, which imports no TensorFlow). Importing a package of the project does
 neither. `--verbosity=1` (or higher) on the command line or `TXL_KERAS_TF_LOGS=1` shows
 everything TensorFlow prints.
 """
@@ -77,8 +77,18 @@ def quiet_tensorflow():
                 print(line, file=sys.stderr)
 
 
+HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def asks_for_help(argv=None):
+    """Whether the command line asks for the flags' help (which needs no TensorFlow)."""
+    return any(arg in HELP_FLAGS for arg in (sys.argv[1:] if argv is None else argv))
+
+
 def start_program():
     """A program's start, before it imports TensorFlow: the BFC CPU allocator (unless the
-    environment chose), then TensorFlow imported quietly."""
+    environment chose), then TensorFlow imported quietly (not for --help, which prints the
+    flags without importing it)."""
     prefer_bfc_cpu_allocator()
-    quiet_tensorflow()
+    if not asks_for_help():
+        quiet_tensorflow()

@@ -34,7 +34,6 @@ import numpy as np
 
 from txl_io import files
 from txl_keras.models.config import TransformerXLConfig
-from txl_keras.models.transformer_xl_lm import TransformerXLLM
 
 CONFIG = "config.json"
 VOCAB = "vocab.json"
@@ -364,6 +363,8 @@ def load_trained_model(model_dir, checkpoint=None, **model_kwargs):
     """A TransformerXLLM from a run folder (`config.json` + a checkpoint, default the
     newest complete one; if a trainer rotates it away while it is read, the newest again)."""
     config = require_config(model_dir)
+    from txl_keras.models.transformer_xl_lm import TransformerXLLM  # Keras: imported when a model is built
+
     model = TransformerXLLM(config, **model_kwargs)
     if checkpoint is not None:
         load_weights(model, checkpoint)

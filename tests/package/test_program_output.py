@@ -156,6 +156,27 @@ def test_every_program_answers_help_with_its_usage_and_exit_0(program):
     assert f"python -m {program}" in result.stdout and "--" in result.stdout
 
 
+HELP_PROBE = """
+import runpy, sys
+target = sys.argv[1]
+sys.argv = [target, "--help"]
+try:
+    (runpy.run_path if target.endswith(".py") else runpy.run_module)(target, run_name="__main__")
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+print(sorted(m for m in ("keras", "tensorflow", "jax") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("program", ["train_gpu.py", "train_tpu.py", "txl_keras.generate", "txl_keras.export",
+                                     "txl_keras.convert", "tf_records", "txl_keras.training.average_checkpoints"])
+def test_help_imports_neither_keras_nor_tensorflow(program):
+    """`--help` prints the flags at once: a fresh process that asks for it loads no framework."""
+    out = _run(["-c", HELP_PROBE, os.path.join(ROOT, program) if program.endswith(".py") else program])
+    assert out.returncode == 0 and "--" in out.stdout, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+
+
 def test_sigint_stops_a_program_started_with_sigint_ignored():
     """A shell starts a background job with SIGINT ignored; `kill -INT` still stops the
     program, with the one line of an interrupt and exit 130 (the program signals itself

@@ -16,8 +16,7 @@ startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported wit
 from absl import app, flags
 
 from txl_io import files, program
-from txl_keras.convert import (ConversionError, from_pytorch_state_dict, from_tf_checkpoint,
-                               load_cache_vocab, write_converted)
+from txl_keras import convert  # its names load the converter (Keras) on first use, after --help
 from txl_keras.models.config import TransformerXLConfig
 
 FLAGS = flags.FLAGS
@@ -36,21 +35,21 @@ def convert_model():
     memory = dict(tgt_len=FLAGS.tgt_len, mem_len=FLAGS.mem_len, clamp_len=FLAGS.clamp_len,
                   same_length=FLAGS.same_length)
     if FLAGS.tf_checkpoint:
-        return from_tf_checkpoint(FLAGS.tf_checkpoint, **memory)
+        return convert.from_tf_checkpoint(FLAGS.tf_checkpoint, **memory)
     if not FLAGS.config_json:
         raise app.UsageError("--config_json is required with --pytorch_state_dict.")
     try:
         import torch
     except ImportError:
-        raise ConversionError("--pytorch_state_dict needs PyTorch (pip install torch).") from None
+        raise convert.ConversionError("--pytorch_state_dict needs PyTorch (pip install torch).") from None
     config = TransformerXLConfig.from_json(files.read_text(FLAGS.config_json)).replace(**memory)
     with files.local_input(FLAGS.pytorch_state_dict) as local:
         try:
             state_dict = torch.load(local, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises several kinds for a file that is not a state dict
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConversionError(f"Cannot read a state dict at {FLAGS.pytorch_state_dict}: {first[:200]}") from None
-    return from_pytorch_state_dict(state_dict, config)
+            raise convert.ConversionError(f"Cannot read a state dict at {FLAGS.pytorch_state_dict}: {first[:200]}") from None
+    return convert.from_pytorch_state_dict(state_dict, config)
 
 
 def main(argv):
@@ -64,9 +63,9 @@ def main(argv):
     if files.listdir(FLAGS.output):
         raise app.UsageError(f"--output={FLAGS.output} is not empty (it may hold a training run); "
                              "convert into a new folder, nothing is overwritten.")
-    vocab = load_cache_vocab(FLAGS.cache_pkl) if FLAGS.cache_pkl else None
+    vocab = convert.load_cache_vocab(FLAGS.cache_pkl) if FLAGS.cache_pkl else None
     model = convert_model()
-    write_converted(FLAGS.output, model, *(vocab or (None, None)))
+    convert.write_converted(FLAGS.output, model, *(vocab or (None, None)))
     print(f"wrote {FLAGS.output} ({model.count_params():,} parameters)")
 
 

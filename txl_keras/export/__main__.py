@@ -11,7 +11,7 @@ from absl import app, flags
 
 from txl_io import files, program
 from tf_records.vocabulary import Vocabulary
-from txl_keras.export import export_saved_model
+from txl_keras import export  # its names load the exporter (Keras) on first use, after --help
 from txl_keras.models import sizes
 from txl_keras.run_folder import VOCAB, load_trained_model, require_config
 
@@ -41,7 +41,7 @@ def main(argv):
         sizes.require_memory(sizes.inference_bytes(config, 1) + sizes.EXPORT_BYTES,
                              f"Exporting at mem_len={config.mem_len}")
     model = load_trained_model(FLAGS.model_dir, FLAGS.checkpoint)
-    export_saved_model(model, FLAGS.output, vocabulary, FLAGS.mem_len, FLAGS.clamp_len, FLAGS.same_length)
+    export.export_saved_model(model, FLAGS.output, vocabulary, FLAGS.mem_len, FLAGS.clamp_len, FLAGS.same_length)
     print(f"wrote {FLAGS.output}" + ("" if vocabulary else f" (no vocabulary: {vocab_path} is absent)"))
 
 

@@ -1,30 +1,36 @@
-"""Keras 3 layers of Transformer-XL (keras.ops only: TensorFlow, JAX and PyTorch)."""
+"""Keras 3 layers of Transformer-XL (keras.ops only: TensorFlow, JAX and PyTorch).
 
-from txl_keras.layers.adaptive_embedding import AdaptiveEmbedding
-from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
-from txl_keras.layers.attention_mask import causal_attention_mask
-from txl_keras.layers.inference_cache import CacheStore, InferenceCache
-from txl_keras.layers.layer_norm import LayerNorm
-from txl_keras.layers.memory_cache import MemoryCache
-from txl_keras.layers.positional_embedding import PositionalEmbedding, relative_positions
-from txl_keras.layers.positionwise_feed_forward import PositionwiseFeedForward
-from txl_keras.layers.relative_attention import RelativeAttention
-from txl_keras.layers.replica_dropout import ReplicaDropout, ReplicaSeedGenerator
-from txl_keras.layers.transformer_xl_block import TransformerXLBlock
+Importing the package imports no Keras: each name loads its module on first use.
+"""
 
-__all__ = [
-    "AdaptiveEmbedding",
-    "AdaptiveSoftmax",
-    "CacheStore",
-    "InferenceCache",
-    "LayerNorm",
-    "MemoryCache",
-    "PositionalEmbedding",
-    "PositionwiseFeedForward",
-    "RelativeAttention",
-    "ReplicaDropout",
-    "ReplicaSeedGenerator",
-    "TransformerXLBlock",
-    "causal_attention_mask",
-    "relative_positions",
-]
+import importlib
+
+# public name -> the module that holds it
+_HOMES = {
+    "AdaptiveEmbedding": "adaptive_embedding",
+    "AdaptiveSoftmax": "adaptive_softmax",
+    "CacheStore": "inference_cache",
+    "InferenceCache": "inference_cache",
+    "LayerNorm": "layer_norm",
+    "MemoryCache": "memory_cache",
+    "PositionalEmbedding": "positional_embedding",
+    "PositionwiseFeedForward": "positionwise_feed_forward",
+    "RelativeAttention": "relative_attention",
+    "ReplicaDropout": "replica_dropout",
+    "ReplicaSeedGenerator": "replica_dropout",
+    "TransformerXLBlock": "transformer_xl_block",
+    "causal_attention_mask": "attention_mask",
+    "relative_positions": "positional_embedding",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"txl_keras.layers.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'txl_keras.layers' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -6,7 +6,7 @@ from keras import ops
 from txl_keras import kernels
 from txl_keras.kernels import nll as nll_kernels
 from txl_keras.kernels import tables
-from txl_keras.layers.adaptive_embedding import check_cutoffs, cluster_bounds
+from txl_keras.layers.adaptive_clusters import check_cutoffs, cluster_bounds
 from txl_keras.layers.weight_initializers import weight_initializer
 
 CLUSTER_ORDERS = ("tf", "pytorch")

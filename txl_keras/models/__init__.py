@@ -1,7 +1,26 @@
-"""Transformer-XL models: config and presets, backbone, language model."""
+"""Transformer-XL models: config and presets, backbone, language model.
 
-from txl_keras.models.config import PRESETS, TransformerXLConfig
-from txl_keras.models.transformer_xl import TransformerXL
-from txl_keras.models.transformer_xl_lm import TransformerXLLM
+Importing the package imports no Keras: each name loads its module on first use.
+"""
 
-__all__ = ["PRESETS", "TransformerXL", "TransformerXLConfig", "TransformerXLLM"]
+import importlib
+
+# public name -> the module that holds it
+_HOMES = {
+    "PRESETS": "config",
+    "TransformerXLConfig": "config",
+    "TransformerXL": "transformer_xl",
+    "TransformerXLLM": "transformer_xl_lm",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"txl_keras.models.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'txl_keras.models' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -4,7 +4,7 @@ import dataclasses
 import json
 import math
 
-from txl_keras.layers.adaptive_embedding import check_cutoffs
+from txl_keras.layers.adaptive_clusters import check_cutoffs
 
 ATTN_TYPES = {
     0: "relative (Dai et al., the paper)",

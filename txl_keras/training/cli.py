@@ -8,6 +8,9 @@ original `tf/train_gpu.py` and `tf/train.py`. `--config` is a run preset (`quick
 default: model, corpus and training settings), a model preset, or a config.json; flags
 given on the command line override it, and without a run preset a flag not given takes
 `TrainConfig`'s default. Unknown or misspelt flags are an error.
+
+TensorFlow's modules (the trainer, evaluation, the records) are imported by the functions
+that run the job, so that defining the flags and `--help` import no TensorFlow.
 """
 
 import dataclasses
@@ -20,15 +23,12 @@ from absl import flags
 from txl_io import files
 from txl_io.program import define
 from tf_records.build import VOCAB_FILE, build_records, default_records_dir, load_corpus_info
-from tf_records.records import record_info_path
 from tf_records.vocabulary import Vocabulary
 from txl_keras import run_folder
 from txl_keras.models import sizes
 from txl_keras.models.config import PRESETS, TransformerXLConfig
 from txl_keras.releases import RELEASES
-from txl_keras.training.evaluation import SCORE_TOKENS
 from txl_keras.training.train_config import QUICKSTART, RUN_PRESETS, TrainConfig
-from txl_keras.training.trainer import NonFiniteLossError, Trainer
 
 FLAGS = flags.FLAGS
 MODEL_FLAGS = [
@@ -260,6 +260,8 @@ def _check_run_vocabulary(records_dir, model_dir):
 
 def prepare_data(tc, num_core_per_host, log):
     """Build the default corpus's records into the default folder if they are missing."""
+    from tf_records.records import record_info_path
+
     data_dir = tc.records_dir
     kind, base = _model_base()
     tgt_len = FLAGS.tgt_len or (base["tgt_len"] if kind == "json" else PRESETS[base]["tgt_len"])
@@ -284,6 +286,8 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     """Train and/or evaluate under `strategy`, as the flags say. Returns the eval results.
 
     `compiled=True` (train_tpu.py) compiles every step with XLA whatever --xla says."""
+    from txl_keras.training.trainer import Trainer
+
     if FLAGS.num_hosts != num_hosts:
         raise ValueError(f"--num_hosts={FLAGS.num_hosts}, but this run has {num_hosts} host(s) (on GPUs and CPUs the "
                          "workers TF_CONFIG's cluster lists; on TPUs the pod's hosts): give the cluster, or "
@@ -381,6 +385,8 @@ def check_memory(config, tc, cores, compiled):
     machine's memory (on CPUs; accelerators hold their own)."""
     import tensorflow as tf
 
+    from txl_keras.training.evaluation import SCORE_TOKENS
+
     if compiled or tf.config.list_logical_devices("GPU"):
         return
     if not (FLAGS.do_train and not FLAGS.do_eval_only):
@@ -410,6 +416,8 @@ def copy_vocabulary(tc):
 
 def train(trainer, tc, log):
     """Train (evaluating before, if the run starts afresh, and after); the results."""
+    from txl_keras.training.trainer import NonFiniteLossError
+
     results = {}
     if FLAGS.do_eval and not run_folder.latest_checkpoint(tc.model_dir)[1]:
         trainer.restore_or_warm_start()  # a warm start is evaluated before it trains
