@@ -6,29 +6,20 @@ imports nothing heavy: each name below loads its module (and TensorFlow, where t
 uses it) on first use.
 """
 
-import importlib
+from txl_io.lazy_names import lazy_names
 
+# public name -> the module that holds it
 _HOMES = {
-    "Corpus": "corpora",
-    "Vocabulary": "vocabulary",
-    "build_records": "build",
-    "distributed_dataset_fn": "dataset",
-    "load_corpus": "corpora",
-    "load_corpus_info": "build",
-    "load_record_info": "dataset",
-    "stream_dataset": "dataset",
-    "verify_records": "dataset",
-    "write_split": "records",
+    "Corpus": "tf_records.corpora",
+    "Vocabulary": "tf_records.vocabulary",
+    "build_records": "tf_records.build",
+    "distributed_dataset_fn": "tf_records.dataset",
+    "load_corpus": "tf_records.corpora",
+    "load_corpus_info": "tf_records.build",
+    "load_record_info": "tf_records.dataset",
+    "stream_dataset": "tf_records.dataset",
+    "verify_records": "tf_records.dataset",
+    "write_split": "tf_records.records",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name):
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"tf_records.{_HOMES[name]}"), name)
-    raise AttributeError(f"module 'tf_records' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_names(__name__, _HOMES)

@@ -14,8 +14,7 @@ TensorFlow backend, the tokenizer, the data pipeline, the trainers and export.
 TensorFlow's BFC CPU allocator as the programs do (faster CPU training).
 """
 
-import importlib
-
+from txl_io.lazy_names import lazy_names
 from txl_keras.version import __version__
 
 # public name -> the module that holds it
@@ -34,16 +33,5 @@ _HOMES = {
 _MODULES = ("convert", "export", "generate", "kernels", "layers", "models", "presets", "run_folder", "tasks",
             "tokenizers", "training")
 
-__all__ = sorted([*_HOMES, *_MODULES, "__version__"])
-
-
-def __getattr__(name):
-    if name in _MODULES:
-        return importlib.import_module(f"txl_keras.{name}")
-    if name in _HOMES:
-        return getattr(importlib.import_module(_HOMES[name]), name)
-    raise AttributeError(f"module 'txl_keras' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_names(__name__, _HOMES, _MODULES)
+__all__ = sorted([*__all__, "__version__"])

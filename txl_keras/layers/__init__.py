@@ -3,34 +3,24 @@
 Importing the package imports no Keras: each name loads its module on first use.
 """
 
-import importlib
+from txl_io.lazy_names import lazy_names
 
 # public name -> the module that holds it
 _HOMES = {
-    "AdaptiveEmbedding": "adaptive_embedding",
-    "AdaptiveSoftmax": "adaptive_softmax",
-    "CacheStore": "inference_cache",
-    "InferenceCache": "inference_cache",
-    "LayerNorm": "layer_norm",
-    "MemoryCache": "memory_cache",
-    "PositionalEmbedding": "positional_embedding",
-    "PositionwiseFeedForward": "positionwise_feed_forward",
-    "RelativeAttention": "relative_attention",
-    "ReplicaDropout": "replica_dropout",
-    "ReplicaSeedGenerator": "replica_dropout",
-    "TransformerXLBlock": "transformer_xl_block",
-    "causal_attention_mask": "attention_mask",
-    "relative_positions": "positional_embedding",
+    "AdaptiveEmbedding": "txl_keras.layers.adaptive_embedding",
+    "AdaptiveSoftmax": "txl_keras.layers.adaptive_softmax",
+    "CacheStore": "txl_keras.layers.inference_cache",
+    "InferenceCache": "txl_keras.layers.inference_cache",
+    "LayerNorm": "txl_keras.layers.layer_norm",
+    "MemoryCache": "txl_keras.layers.memory_cache",
+    "PositionalEmbedding": "txl_keras.layers.positional_embedding",
+    "PositionwiseFeedForward": "txl_keras.layers.positionwise_feed_forward",
+    "RelativeAttention": "txl_keras.layers.relative_attention",
+    "ReplicaDropout": "txl_keras.layers.replica_dropout",
+    "ReplicaSeedGenerator": "txl_keras.layers.replica_dropout",
+    "TransformerXLBlock": "txl_keras.layers.transformer_xl_block",
+    "causal_attention_mask": "txl_keras.layers.attention_mask",
+    "relative_positions": "txl_keras.layers.positional_embedding",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name):
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"txl_keras.layers.{_HOMES[name]}"), name)
-    raise AttributeError(f"module 'txl_keras.layers' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_names(__name__, _HOMES)

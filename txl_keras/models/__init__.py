@@ -3,24 +3,14 @@
 Importing the package imports no Keras: each name loads its module on first use.
 """
 
-import importlib
+from txl_io.lazy_names import lazy_names
 
 # public name -> the module that holds it
 _HOMES = {
-    "PRESETS": "config",
-    "TransformerXLConfig": "config",
-    "TransformerXL": "transformer_xl",
-    "TransformerXLLM": "transformer_xl_lm",
+    "PRESETS": "txl_keras.models.config",
+    "TransformerXLConfig": "txl_keras.models.config",
+    "TransformerXL": "txl_keras.models.transformer_xl",
+    "TransformerXLLM": "txl_keras.models.transformer_xl_lm",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name):
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"txl_keras.models.{_HOMES[name]}"), name)
-    raise AttributeError(f"module 'txl_keras.models' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_names(__name__, _HOMES)

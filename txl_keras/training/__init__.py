@@ -5,8 +5,9 @@ Importing the package imports nothing heavy (so that
 its module on first use.
 """
 
-import importlib
+from txl_io.lazy_names import lazy_names
 
+# public name -> the module that holds it
 _HOMES = {
     "NonFiniteLossError": "txl_keras.training.trainer",
     "RUN_PRESETS": "txl_keras.training.train_config",
@@ -18,14 +19,4 @@ _HOMES = {
     "save_checkpoint": "txl_keras.run_folder",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name):
-    if name in _HOMES:
-        return getattr(importlib.import_module(_HOMES[name]), name)
-    raise AttributeError(f"module 'txl_keras.training' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_names(__name__, _HOMES)
