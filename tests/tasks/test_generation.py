@@ -110,6 +110,29 @@ def test_beam_search_finds_the_most_likely_continuation_by_brute_force():
     assert tuple(found.tolist()) == best
 
 
+def test_a_long_beam_search_logs_its_steps_and_finds_what_one_piece_finds(monkeypatch, caplog):
+    """Run in pieces of at most 2 steps with progress logged at once, the search logs each
+    piece's step and returns the continuation that pieces of up to 64 steps return."""
+    from txl_keras.generate import loop
+
+    config = TransformerXLConfig.from_preset("tiny", n_token=6, cutoffs=[], mem_len=4)
+    prompt, sampler = np.array([0, 2, 1, 5, 3], "int32"), samplers.BeamSampler(num_beams=3, length_penalty=0.0)
+    whole_model = TransformerXLLM(config)
+    randomize(whole_model, scale=1.0)
+    whole = beam_search(whole_model, prompt, 7, sampler)
+    pieces_model = TransformerXLLM(config)
+    pieces_model.set_weights(whole_model.get_weights())
+    monkeypatch.setattr(loop, "DECODE_CHUNK", 2)
+    monkeypatch.setattr(loop, "PROGRESS_AFTER_S", 0.0)
+    with caplog.at_level("INFO", logger=loop.__name__):
+        in_pieces = beam_search(pieces_model, prompt, 7, sampler)
+    assert in_pieces.tolist() == whole.tolist()
+    steps = [int(r.getMessage().split("step ")[1].split(" of at most 7")[0]) for r in caplog.records
+             if r.name == loop.__name__]
+    assert steps and steps == sorted(set(steps)) and 0 < steps[0] and steps[-1] < 7
+    assert all(b - a <= 2 for a, b in zip([0] + steps, steps))
+
+
 def test_streaming_joins_to_generate(lm):
     sampler = samplers.TopKSampler(k=4, seed=9)
     pieces = list(lm.stream("alpha beta", max_new_tokens=12, sampler=sampler, stop_token_ids=None))

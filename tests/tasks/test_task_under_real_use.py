@@ -336,8 +336,8 @@ def test_beam_search_runs_in_pieces_that_continue_each_other_and_a_signal_stops_
     search = generation._compiled_beam(lm.model, settings, 2, 30_000, ())
     pieces = []
 
-    def interrupted_piece(*state):
-        out = search(*state)
+    def interrupted_piece(piece, *state):
+        out = search(piece, *state)
         pieces.append(int(out[0]) - int(state[0]))
         signal.raise_signal(signal.SIGINT)
         return out
@@ -349,4 +349,4 @@ def test_beam_search_runs_in_pieces_that_continue_each_other_and_a_signal_stops_
                         sampler=samplers.BeamSampler(num_beams=2))
     finally:
         del generation._COMPILED[lm.model][key]
-    assert pieces == [generation.DECODE_CHUNK]
+    assert pieces == [1]  # the first piece is one step; the later ones last about generation.PIECE_S

@@ -236,6 +236,20 @@ def test_a_memory_longer_than_the_text_is_cut_to_it_and_changes_nothing(world):
     assert f"perplexity {np.exp(np.mean(nll)):.3f} " in scored.stdout, (scored.stdout, nll)
 
 
+def test_a_long_beam_search_says_how_far_it_is(world, monkeypatch):
+    """The command's beam search, which prints its text at the end, reports its steps on
+    stderr once it runs longer than `loop.PROGRESS_AFTER_S` (here at once)."""
+    from txl_keras.generate import loop
+
+    monkeypatch.setattr(loop, "PROGRESS_AFTER_S", 0.0)
+    found = in_process([PY, "-m", "txl_keras.generate", f"--model_dir={world}/run", "--prompt=alpha",
+                        "--max_new_tokens=5", "--num_beams=3"])
+    assert found.returncode == 0, found.stderr[-2000:]
+    steps = [line for line in found.stderr.splitlines() if line.startswith("Beam search with 3 beams: step ")]
+    assert steps and all(" of at most 5 " in line for line in steps), found.stderr
+    assert found.stdout.startswith("alpha")
+
+
 def program_of(case):
     return "train_gpu.py" if case[1][0] == TRAIN else case[1][2] if case[1][1] == "-m" else case[1][1]
 

@@ -18,6 +18,8 @@ token loop runs once for the whole batch. Samplers: `txl_keras.samplers`.
 
 import copy
 import json
+import logging
+import time
 import weakref
 
 import keras
@@ -34,6 +36,9 @@ __all__ = ["beam_search", "generate", "score", "stream"]
 BUILT_IN_SAMPLERS = (GreedySampler, RandomSampler, TopKSampler, TopPSampler)
 DECODE_CHUNK = 64  # new tokens per compiled call of the token loop
 _COMPILED = weakref.WeakKeyDictionary()  # model -> {generation or scoring settings: compiled steps}
+PROGRESS_AFTER_S = 2.0  # a beam search running longer logs its step after each piece
+PIECE_S = 1.0  # a beam search sizes its pieces to about this long (at most DECODE_CHUNK steps)
+logger = logging.getLogger(__name__)
 
 
 def compile_for_backend(model, fn):
@@ -338,7 +343,9 @@ def beam_search(model, prompt, max_new_tokens, sampler, stops=(), settings=None)
     """The new tokens of the best beam (int32 `(n,)`, up to its stop token) of `prompt`
     (1-D ids), with `sampler` a `BeamSampler`: the memory cache is expanded to the beams
     and reordered with them in its own layout (the batch axis of every ring). The search
-    runs in compiled pieces of `DECODE_CHUNK` steps (Ctrl-C is handled between two)."""
+    runs in compiled pieces of about `PIECE_S` seconds and at most `DECODE_CHUNK` steps
+    (Ctrl-C is handled between two); once it has run `PROGRESS_AFTER_S` seconds, each piece
+    logs its step on this module's logger (INFO), since a search shows nothing until its end."""
     settings = settings or model.config.with_memory()
     if max_new_tokens == 0:
         return np.zeros((0,), "int32")
@@ -351,11 +358,18 @@ def beam_search(model, prompt, max_new_tokens, sampler, stops=(), settings=None)
     state = (ops.convert_to_tensor(0, "int32"), ops.full((beams,), int(prompt[-1]), "int32"),
              ops.zeros((beams,), "float32"), ops.zeros((beams,), "bool"), ops.zeros((beams,), "int32"),
              ops.zeros((beams, max_new_tokens), "int32"), cache)
+    started, piece, step = time.monotonic(), 1, 0
     while True:
-        state = search(*state)
-        step, finished = int(ops.convert_to_numpy(state[0])), ops.convert_to_numpy(state[3])
+        piece_started = time.monotonic()
+        state = search(ops.convert_to_tensor(piece, "int32"), *state)
+        last_step, step, finished = step, int(ops.convert_to_numpy(state[0])), ops.convert_to_numpy(state[3])
         if step >= max_new_tokens or finished.all():
             break
+        per_step = (time.monotonic() - piece_started) / max(step - last_step, 1)
+        piece = int(np.clip(PIECE_S / max(per_step, 1e-9), 1, DECODE_CHUNK))
+        if time.monotonic() - started >= PROGRESS_AFTER_S:
+            logger.info("Beam search with %d beams: step %d of at most %d (%.0f s)", beams, step, max_new_tokens,
+                        time.monotonic() - started)
     scores, lengths, sequences = (ops.convert_to_numpy(state[k]) for k in (2, 4, 5))
     normalized = scores / np.maximum(lengths, 1).astype("float64") ** sampler.length_penalty
     best = int(np.argmax(normalized))
@@ -367,9 +381,9 @@ def _compiled_beam(model, settings, beams, steps, stops):
     memory = step_memory(settings)
     stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
 
-    def search(start, last, scores, finished, lengths, sequences, cache):
-        """Up to `DECODE_CHUNK` steps of the search from its state at step `start`."""
-        end = ops.minimum(start + DECODE_CHUNK, steps)
+    def search(piece, start, last, scores, finished, lengths, sequences, cache):
+        """Up to `piece` steps of the search from its state at step `start`."""
+        end = ops.minimum(start + piece, steps)
 
         def cond(i, last, scores, finished, lengths, sequences, cache):
             return ops.logical_and(i < end, ops.logical_not(ops.all(finished)))
