@@ -54,6 +54,7 @@ WEIGHTS = "model.weights.h5"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # `Vocabulary.fingerprint()`
+MODEL_OPTIONS = ("lora_rank", "lora_alpha")  # TransformerXLLM arguments a preset folder's config.json may hold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,8 @@ class Preset:
         config: its `TransformerXLConfig`.
         weights: the path of its weights (a checkpoint folder or a `.weights.h5`).
         vocabulary: the path of its `vocab.json`, or None when it has none.
+        model_options: `(name, value)` pairs of the `TransformerXLLM` arguments a preset
+            folder records beside the config (its LoRA adapters' `lora_rank`, `lora_alpha`).
     """
 
     source: str
@@ -76,6 +79,7 @@ class Preset:
     weights: str
     vocabulary: str = None
     vocabulary_fingerprint: str = None
+    model_options: tuple = ()
 
     def load_vocabulary(self):
         """The `Vocabulary`, checked against the fingerprint the preset recorded (where it did)."""
@@ -232,6 +236,8 @@ def _preset_folder(folder):
     try:
         serialized = json.loads(files.read_text(path))
         config = TransformerXLConfig.from_dict(serialized["config"]["config"])
+        options = tuple((name, serialized["config"][name]) for name in MODEL_OPTIONS if name in serialized["config"])
+        _check_model_options(dict(options))
     except (ValueError, KeyError, TypeError) as e:
         raise RunFolderError(f"{path} is damaged or not the config of a saved TransformerXLCausalLM preset "
                              f"({e}); save the preset again.") from None
@@ -247,7 +253,16 @@ def _preset_folder(folder):
                              "again.")
     vocab = files.join(folder, TOKENIZER_ASSETS, VOCAB)
     return Preset(folder, "preset folder", folder, config, files.join(folder, WEIGHTS),
-                  vocab if files.exists(vocab) else None, fingerprint)
+                  vocab if files.exists(vocab) else None, fingerprint, options)
+
+
+def _check_model_options(options):
+    """A ValueError unless the recorded LoRA settings are None or positive numbers (rank an integer)."""
+    rank, alpha = options.get("lora_rank"), options.get("lora_alpha")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        raise ValueError(f"lora_rank={rank!r} is not a positive integer")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
+        raise ValueError(f"lora_alpha={alpha!r} is not a positive number")
 
 
 def _check_tokenizer_file(path):

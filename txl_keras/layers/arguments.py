@@ -18,6 +18,12 @@ def int_at_least(layer, name, value, minimum, expected=None):
     return int(value)
 
 
+def int_in_range(layer, name, value, low, high, expected=None):
+    if not _is_int(value) or not low <= value <= high:
+        _fail(layer, name, expected or f"an integer in [{low}, {high}]", value)
+    return int(value)
+
+
 def positive_int(layer, name, value):
     return int_at_least(layer, name, value, 1, "a positive integer")
 

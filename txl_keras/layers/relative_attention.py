@@ -5,7 +5,7 @@ from keras import ops
 
 from txl_keras import kernels
 from txl_keras.kernels.attention import MASK_VALUE, position_scores_reference
-from txl_keras.layers import arguments
+from txl_keras.layers import arguments, lora
 from txl_keras.layers.inference_cache import head_major
 from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.replica_dropout import ReplicaDropout
@@ -38,6 +38,10 @@ class RelativeAttention(keras.layers.Layer):
     dropped out and added to the input; post-norm applies layer norm to the sum,
     `pre_lnorm` normalises `[memory, h]` before the projection instead.
 
+    `enable_lora(rank)` adapts the query, key, value and output projections (`qkv_kernel`,
+    `o_kernel`) with low-rank adapters and freezes every other weight of the layer
+    (`txl_keras.layers.lora`); `merge_lora()` folds them into the kernels.
+
     `call` is the whole computation; `call_with_cache` is the same for frozen weights
     (evaluation, generation), where the memory is held as its keys and values
     (`InferenceCache`): positions enter only through `W_R R`, so a memory row's keys and
@@ -54,6 +58,9 @@ class RelativeAttention(keras.layers.Layer):
         pre_lnorm: bool, pre-norm instead of the default post-norm.
         layer_norm_epsilon: float.
         kernel_initializer: initializer of the kernels.
+        lora_rank: None, or the rank of the adapters `build` adds (`enable_lora`).
+        lora_alpha: None (= lora_rank) or a positive number: the adapters' scale is
+            `lora_alpha / lora_rank`.
         **kwargs: base layer arguments (`name`, `dtype`).
 
     Call arguments:
@@ -94,6 +101,8 @@ class RelativeAttention(keras.layers.Layer):
         pre_lnorm=False,
         layer_norm_epsilon=1e-5,
         kernel_initializer="glorot_uniform",
+        lora_rank=None,
+        lora_alpha=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -110,6 +119,10 @@ class RelativeAttention(keras.layers.Layer):
         self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
         self.probs_dropout = ReplicaDropout(attention_dropout, dtype=self.dtype_policy)
         self.layer_norm = LayerNorm(epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm")
+        if lora_rank is not None:
+            arguments.positive_int(layer, "lora_rank", lora_rank)
+        self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
+        self._adapters = {}  # kernel name -> (A, B) once LoRA is enabled
 
     def build(self, inputs_shape, position_encoding_shape=None):
         hidden_dim = inputs_shape[-1]
@@ -126,12 +139,69 @@ class RelativeAttention(keras.layers.Layer):
         self.o_kernel = kernel("o_kernel", (inner, hidden_dim))
         self.layer_norm.build(inputs_shape)
         self.built = True
+        if self.lora_rank is not None:
+            self.enable_lora(self.lora_rank, self.lora_alpha)
+
+    # -- low-rank adapters -----------------------------------------------------------------
+
+    @property
+    def lora_enabled(self):
+        return bool(self._adapters)
+
+    def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform", b_initializer="zeros"):
+        """Adapt `qkv_kernel` and `o_kernel` with rank-`rank` adapters (`qkv_lora_a`,
+        `qkv_lora_b`, `o_lora_a`, `o_lora_b`, float32, B zero) and freeze the layer's other
+        weights. Once per layer, after it is built."""
+        layer = type(self).__name__
+        if not self.built:
+            raise ValueError(f"{layer}: build the layer (call it once) before enable_lora().")
+        if self.lora_enabled:
+            raise ValueError(f"{layer}: LoRA is already enabled (rank {self.lora_rank}); it is enabled once per "
+                             "layer (merge_lora() first to start new adapters).")
+        if self.quantization_mode is not None:
+            raise ValueError(f"{layer}: LoRA adapts float kernels; enable it before quantize(), not after.")
+        rank, alpha = lora.check_rank(layer, rank, lora_alpha, [self.qkv_kernel.shape, self.o_kernel.shape])
+        for weight in self.weights:
+            weight.trainable = False
+        self._tracker.unlock()
+        self._adapters = {name: lora.add_adapter(self, name, getattr(self, f"{name}_kernel"), rank, a_initializer,
+                                                 b_initializer) for name in ("qkv", "o")}
+        self._tracker.lock()
+        self.lora_rank, self.lora_alpha = rank, alpha
+
+    def merge_lora(self):
+        """Fold the adapters into `qkv_kernel` and `o_kernel`, remove them and make the
+        layer's weights trainable again: the layer computes what it computed with them."""
+        if not self.lora_enabled:
+            raise ValueError(f"{type(self).__name__}: there are no adapters to merge; enable_lora(rank) first.")
+        for name in self._adapters:
+            kernel = getattr(self, f"{name}_kernel")
+            kernel.assign(lora.adapted(kernel.value, self._adapters[name], self.lora_alpha / self.lora_rank,
+                                       kernel.dtype))
+        for a, b in self._adapters.values():
+            self._untrack_variable(a)
+            self._untrack_variable(b)
+        self._adapters, self.lora_rank, self.lora_alpha = {}, None, None
+        for layer in self._flatten_layers():
+            for weight in layer._trainable_variables:  # the weights made trainable
+                weight.trainable = True
+
+    def lora_weights(self):
+        """The adapters `[qkv A, qkv B, o A, o B]` (empty without LoRA)."""
+        return [w for name in ("qkv", "o") if name in self._adapters for w in self._adapters[name]]
+
+    def _kernel(self, name):
+        """`qkv_kernel` or `o_kernel` as the layer uses it: with its adapter added (LoRA)."""
+        kernel = getattr(self, f"{name}_kernel")
+        if not self._adapters:
+            return kernel
+        return lora.adapted(kernel, self._adapters[name], self.lora_alpha / self.lora_rank, self.compute_dtype)
 
     # -- the paper's computation ---------------------------------------------------------
 
     def call(self, inputs, memory=None, position_encoding=None, content_bias=None, position_bias=None,
              position_score_bias=None, attention_mask=None, clamp_len=None, training=False):
-        q_kernel, kv_kernel = ops.split(self.qkv_kernel, [self.num_heads * self.head_dim], axis=1)
+        q_kernel, kv_kernel = ops.split(self._kernel("qkv"), [self.num_heads * self.head_dim], axis=1)
         rows = self._rows(inputs)
         queries = self._heads(ops.matmul(rows, q_kernel))  # (H, B, T, Dh)
         keys_values = ops.matmul(rows, kv_kernel)
@@ -272,7 +342,7 @@ class RelativeAttention(keras.layers.Layer):
         """Heads `(H, B, T, Dh)` -> projected, dropped out, added to `inputs` and normalised."""
         shape = ops.shape(attended)
         attended = ops.reshape(ops.transpose(attended, (1, 2, 0, 3)), (shape[1], shape[2], shape[0] * shape[3]))
-        output = self.output_dropout(ops.matmul(attended, self.o_kernel), training=training)
+        output = self.output_dropout(ops.matmul(attended, self._kernel("o")), training=training)
         if self.pre_lnorm:
             return inputs + output
         return ops.cast(self.layer_norm(ops.cast(inputs + output, "float32")), self.compute_dtype)
@@ -280,12 +350,12 @@ class RelativeAttention(keras.layers.Layer):
     def project_kv(self, inputs):
         """Keys and values of rows `(batch_size, L, hidden_dim)` -> `(batch_size, L, 2 * H
         * Dh)` (keys first), as the call computes them."""
-        return ops.matmul(self._rows(inputs), ops.split(self.qkv_kernel, [self.num_heads * self.head_dim], axis=1)[1])
+        return ops.matmul(self._rows(inputs), ops.split(self._kernel("qkv"), [self.num_heads * self.head_dim], axis=1)[1])
 
     def project_qkv(self, inputs):
         """Queries `(batch_size, L, H * Dh)` and keys and values `(batch_size, L, 2 * H *
         Dh)` of rows `(batch_size, L, hidden_dim)`, in one product with the whole kernel."""
-        qkv = ops.matmul(self._rows(inputs), self.qkv_kernel)
+        qkv = ops.matmul(self._rows(inputs), self._kernel("qkv"))
         return tuple(ops.split(qkv, [self.num_heads * self.head_dim], axis=-1))
 
     def project_positions(self, position_encoding):
@@ -364,6 +434,8 @@ class RelativeAttention(keras.layers.Layer):
                 "pre_lnorm": self.pre_lnorm,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "lora_rank": self.lora_rank,
+                "lora_alpha": self.lora_alpha,
             }
         )
         return config

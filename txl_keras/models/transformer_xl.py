@@ -14,6 +14,7 @@ from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 from txl_keras.layers.weight_initializers import weight_initializer
 from txl_keras.models.config import TransformerXLConfig
+from txl_keras.models.lora_model import LoraModel
 
 
 def initializers(config):
@@ -38,7 +39,7 @@ def as_config(config):
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXL(keras.Model):
+class TransformerXL(LoraModel, keras.Model):
     """Transformer-XL backbone: token ids (and memory) -> hidden states (and memory).
 
     Adaptive input embedding scaled by `sqrt(d_model)`, dropout, `n_layer`
@@ -58,6 +59,8 @@ class TransformerXL(keras.Model):
         stateful: bool, keep the memory in variables across calls (for `fit` on an
             ordered stream dataset); `reset_memory()` clears it.
         batch_size: int, the per-replica batch size, required when `stateful`.
+        lora_rank, lora_alpha: None, or the LoRA adapters the model is built with
+            (`enable_lora`, `txl_keras.models.lora_model`).
         **kwargs: `name`, `dtype` (a dtype policy such as "mixed_bfloat16").
 
     Call arguments:
@@ -88,7 +91,7 @@ class TransformerXL(keras.Model):
     # No SavedModel signature feeding float32 tokens (Keras's TF backend default); see TransformerXLLM.
     _default_save_signature = None
 
-    def __init__(self, config, stateful=False, batch_size=None, **kwargs):
+    def __init__(self, config, stateful=False, batch_size=None, lora_rank=None, lora_alpha=None, **kwargs):
         super().__init__(**kwargs)
         config = as_config(config)
         self.config = config
@@ -140,6 +143,7 @@ class TransformerXL(keras.Model):
             name="memory",
         )
         self.build()  # every shape is known from the config
+        self._restore_lora(lora_rank, lora_alpha)
 
     def build(self, tokens_shape=None):
         if self.built:  # built on construction; the weights do not depend on the batch or time
@@ -479,6 +483,7 @@ class TransformerXL(keras.Model):
             "config": self.config.to_dict(),
             "stateful": self.stateful,
             "batch_size": self.batch_size,
+            **self._lora_config(),
             **{k: v for k, v in super().get_config().items() if k in ("name", "trainable", "dtype")},
         }
 

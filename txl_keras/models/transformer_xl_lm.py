@@ -5,11 +5,12 @@ from keras import ops
 
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
 from txl_keras.models.config import PRESETS, TransformerXLConfig
+from txl_keras.models.lora_model import LoraModel
 from txl_keras.models.transformer_xl import TransformerXL, as_config, as_ids, initializers
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXLLM(keras.Model):
+class TransformerXLLM(LoraModel, keras.Model):
     """Transformer-XL language model: `TransformerXL` + `AdaptiveSoftmax` head.
 
     The contract every other part of txl_keras relies on:
@@ -38,6 +39,8 @@ class TransformerXLLM(keras.Model):
         stateful: bool.
         batch_size: int, per-replica batch size, required when `stateful`.
         tail_mode: adaptive-softmax tail computation ("auto", "gather", "dense").
+        lora_rank, lora_alpha: None, or the LoRA adapters the model is built with
+            (`enable_lora`, `txl_keras.models.lora_model`).
         **kwargs: `name`, `dtype` (a dtype policy such as "mixed_bfloat16").
 
     Call arguments:
@@ -63,7 +66,8 @@ class TransformerXLLM(keras.Model):
     # writes the model's own int32 endpoints instead.
     _default_save_signature = None
 
-    def __init__(self, config, stateful=False, batch_size=None, tail_mode="auto", **kwargs):
+    def __init__(self, config, stateful=False, batch_size=None, tail_mode="auto", lora_rank=None, lora_alpha=None,
+                 **kwargs):
         super().__init__(**kwargs)
         config = as_config(config)
         self.config = config
@@ -92,6 +96,7 @@ class TransformerXLLM(keras.Model):
             name="adaptive_softmax",
         )
         self.build()
+        self._restore_lora(lora_rank, lora_alpha)
 
     def build(self, tokens_shape=None):
         if self.built:  # built on construction (so Keras never traces it with placeholder inputs)
@@ -170,6 +175,7 @@ class TransformerXLLM(keras.Model):
             "stateful": self.stateful,
             "batch_size": self.batch_size,
             "tail_mode": self.tail_mode,
+            **self._lora_config(),
             **{k: v for k, v in super().get_config().items() if k in ("name", "trainable", "dtype")},
         }
 

@@ -130,7 +130,7 @@ class TransformerXLCausalLM(keras.Model):
         kwargs = {} if dtype is None else {"dtype": dtype}
         try:
             if found.kind == "preset folder":
-                model = TransformerXLLM(found.config, **kwargs)
+                model = TransformerXLLM(found.config, **dict(found.model_options), **kwargs)
                 load_weights(model, found.weights)
             else:
                 model = load_trained_model(found.folder, **kwargs)
