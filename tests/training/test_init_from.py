@@ -63,3 +63,14 @@ def test_a_run_starts_from_another_runs_weights_far_below_a_run_from_scratch(tmp
                                "--train_steps=10", "--dropout=0.0", *COMMON], cwd=tmp_path)
     assert from_preset.returncode == 0, from_preset.stderr[-3000:]
     assert last_json(tmp_path / "from_preset")["before"]["loss"] == pytest.approx(trained["loss"], rel=1e-5)
+
+    # a preset with LoRA adapters: the trainers start from plain weights, so it is refused in one line
+    script = ("from txl_keras import TransformerXLCausalLM as T; lm = T.from_preset('source'); "
+              "lm.model.enable_lora(2); lm.save_to_preset('adapted')")
+    adapted = run([sys.executable, "-c", script], cwd=tmp_path)
+    assert adapted.returncode == 0, adapted.stderr[-3000:]
+    refused = run(TRAIN + ["--init_from=adapted", "--dataset=text", f"--text={corpus}", "--model_dir=refused",
+                           *COMMON], cwd=tmp_path)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr[-3000:]
+    assert "holds LoRA adapters (rank 2)" in refused.stderr and "merge_lora_weights()" in refused.stderr
+    assert not os.path.exists(tmp_path / "refused")

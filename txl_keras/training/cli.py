@@ -129,7 +129,14 @@ def origin():
     if FLAGS.init_from and "preset" not in _ORIGIN:
         from txl_keras import presets
 
-        _ORIGIN["preset"] = presets.resolve(FLAGS.init_from, log=print)
+        found = presets.resolve(FLAGS.init_from, log=print)
+        lora = dict(found.model_options).get("lora_rank")
+        if lora is not None:
+            raise ValueError(f"--init_from={FLAGS.init_from} holds LoRA adapters (rank {lora}); the trainers start "
+                             "from plain weights: fold them in first (lm = TransformerXLCausalLM.from_preset(...); "
+                             "lm.model.merge_lora_weights(); lm.save_to_preset(new_folder)) and start from that "
+                             "folder.")
+        _ORIGIN["preset"] = found
     return _ORIGIN.get("preset")
 
 
