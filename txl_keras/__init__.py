@@ -1,8 +1,8 @@
 """txl_keras: Transformer-XL (Dai et al., 2019) for Keras 3 and TensorFlow 2.
 
 The layers (`txl_keras.layers`), the models (`TransformerXL`, `TransformerXLLM`,
-`TransformerXLConfig`), the tokenizer and the text task (`TransformerXLCausalLM`: text in,
-text out, `fit` on text, presets), and the modules `training`, `export`
+`TransformerXLConfig`), the tokenizer, the text task (`TransformerXLCausalLM`: text in,
+text out, `fit` on text, presets) and the document classifier (`TransformerXLClassifier`), and the modules `training`, `export`
 (`export_saved_model`), `generate` (the module; `txl_keras.generate.generate` the
 function), `convert`, `run_folder` and `presets`.
 
@@ -26,6 +26,8 @@ _HOMES = {
     "TransformerXLTokenizer": "txl_keras.tokenizers",
     "TransformerXLCausalLM": "txl_keras.tasks",
     "TransformerXLCausalLMPreprocessor": "txl_keras.tasks",
+    "TransformerXLClassifier": "txl_keras.tasks",
+    "TransformerXLClassifierPreprocessor": "txl_keras.tasks",
     "export_saved_model": "txl_keras.export",
     "load_trained_model": "txl_keras.run_folder",
     "prefer_bfc_cpu_allocator": "txl_io.cpu_allocator",

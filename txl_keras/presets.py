@@ -232,6 +232,10 @@ def _run_folder_preset(source, kind, folder):
 
 
 def _preset_folder(folder):
+    metadata = _metadata(folder)
+    if metadata.get("class_name") == "TransformerXLClassifier":
+        raise RunFolderError(f"{folder} is a saved TransformerXLClassifier, not a language model: load it with "
+                             "txl_keras.TransformerXLClassifier.from_preset.")
     path = files.join(folder, CONFIG)
     try:
         serialized = json.loads(files.read_text(path))
@@ -242,18 +246,30 @@ def _preset_folder(folder):
         raise RunFolderError(f"{path} is damaged or not the config of a saved TransformerXLCausalLM preset "
                              f"({e}); save the preset again.") from None
     _check_tokenizer_file(files.join(folder, TOKENIZER))
-    metadata_path = files.join(folder, METADATA)
-    try:
-        metadata = json.loads(files.read_text(metadata_path))
-        fingerprint = metadata.get("vocabulary_fingerprint")
-    except (ValueError, AttributeError) as e:
-        raise RunFolderError(f"{metadata_path} is damaged ({e}); save the preset again.") from None
-    if fingerprint is not None and not (isinstance(fingerprint, str) and FINGERPRINT.fullmatch(fingerprint)):
-        raise RunFolderError(f"{metadata_path} is damaged (vocabulary_fingerprint={fingerprint!r}); save the preset "
-                             "again.")
     vocab = files.join(folder, TOKENIZER_ASSETS, VOCAB)
     return Preset(folder, "preset folder", folder, config, files.join(folder, WEIGHTS),
-                  vocab if files.exists(vocab) else None, fingerprint, options)
+                  vocab if files.exists(vocab) else None, saved_fingerprint(folder), options)
+
+
+def _metadata(folder):
+    """The dict of a preset folder's `metadata.json`."""
+    path = files.join(folder, METADATA)
+    try:
+        metadata = json.loads(files.read_text(path))
+    except ValueError as e:
+        raise RunFolderError(f"{path} is damaged ({e}); save the preset again.") from None
+    if not isinstance(metadata, dict):
+        raise RunFolderError(f"{path} is damaged (not a JSON object); save the preset again.")
+    return metadata
+
+
+def saved_fingerprint(folder):
+    """The vocabulary fingerprint a preset folder's `metadata.json` records (None if none)."""
+    fingerprint = _metadata(folder).get("vocabulary_fingerprint")
+    if fingerprint is not None and not (isinstance(fingerprint, str) and FINGERPRINT.fullmatch(fingerprint)):
+        raise RunFolderError(f"{files.join(folder, METADATA)} is damaged (vocabulary_fingerprint={fingerprint!r}); "
+                             "save the preset again.")
+    return fingerprint
 
 
 def _check_model_options(options):

@@ -1,6 +1,7 @@
 """The segment-level recurrence memory of Transformer-XL."""
 
 import keras
+import numpy as np
 from keras import ops
 from keras.src.utils import tracking
 
@@ -52,6 +53,8 @@ class MemoryCache(keras.layers.Layer):
         zero_init: bool, a reset memory is `mem_len` zeros that count as valid (the
             original TF code's behaviour, needed to reproduce its numbers) instead of
             empty.
+        per_row: bool, `valid` is one count per row `(batch_size,)` (rows whose streams
+            start at different times, as documents do) instead of one int32 scalar.
         **kwargs: base layer arguments (`name`, `dtype`).
 
     Call arguments:
@@ -81,6 +84,7 @@ class MemoryCache(keras.layers.Layer):
         stateful=False,
         batch_size=None,
         zero_init=False,
+        per_row=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -95,6 +99,7 @@ class MemoryCache(keras.layers.Layer):
         self.stateful = stateful
         self.batch_size = batch_size
         self.zero_init = zero_init
+        self.per_row = arguments.boolean(layer, "per_row", per_row)
         self.memory_variables, self.valid_variable = [], None
         if stateful:
             self._create_state_variables()
@@ -109,7 +114,9 @@ class MemoryCache(keras.layers.Layer):
         self.memory_variables = [
             state_variable("zeros", shape, self.compute_dtype, f"memory_{i}") for i in range(self.num_layers)
         ]
-        self.valid_variable = state_variable(self.mem_len if self.zero_init else 0, (), "int32", "memory_valid")
+        valid = np.int32(self.mem_len if self.zero_init else 0)
+        self.valid_variable = state_variable(np.full((self.batch_size,), valid) if self.per_row else valid,
+                                             (self.batch_size,) if self.per_row else (), "int32", "memory_valid")
 
     @property
     def variables(self):
@@ -151,7 +158,7 @@ class MemoryCache(keras.layers.Layer):
 
     def read(self):
         """The stored `(memories, valid)`: list of `(batch_size, mem_len, hidden_dim)`
-        tensors and an int32 scalar. The memories are snapshots: on PyTorch a variable's
+        tensors and an int32 scalar (`(batch_size,)` with `per_row`). The memories are snapshots: on PyTorch a variable's
         value is its storage, which `write` updates in place while the step's backward
         pass may still need the memory it read (the attention's key and value product
         keeps it for the kernel's gradient); TensorFlow's reads are snapshots already."""
@@ -171,7 +178,7 @@ class MemoryCache(keras.layers.Layer):
         self._check_stateful("reset")
         for variable in self.memory_variables:
             variable.assign(ops.zeros(variable.shape, variable.dtype))
-        self.valid_variable.assign(self.mem_len if self.zero_init else 0)
+        self.valid_variable.assign(ops.full(self.valid_variable.shape, self.mem_len if self.zero_init else 0, "int32"))
 
     def _check_stateful(self, what):
         if not self.stateful:
@@ -192,6 +199,7 @@ class MemoryCache(keras.layers.Layer):
                 "stateful": self.stateful,
                 "batch_size": self.batch_size,
                 "zero_init": self.zero_init,
+                "per_row": self.per_row,
             }
         )
         return config

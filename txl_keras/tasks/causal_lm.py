@@ -2,26 +2,23 @@
 
 import collections.abc
 import dataclasses
-import datetime
-import json
 import math
 
 import keras
 import numpy as np
 from keras import ops
 
-from txl_io import files
 from txl_keras import generate as generation
 from txl_keras import presets as preset_resolver
 from txl_keras import samplers
 from txl_keras.layers import MemoryCache
-from txl_keras.models import TransformerXLLM, sizes
-from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights, save_weights
+from txl_keras.models import TransformerXLLM
+from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights
 from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+from txl_keras.tasks import task_presets
 from txl_keras.tasks.perplexity import Perplexity
 from txl_keras.schedules import WarmupCosine
 from txl_keras.tokenizers import TransformerXLTokenizer
-from txl_keras.version import __version__
 
 PAPER_LEARNING_RATE = 2.5e-4
 PAPER_CLIP_NORM = 0.25
@@ -150,27 +147,7 @@ class TransformerXLCausalLM(keras.Model):
         fingerprint `metadata.json` records: `from_preset` refuses a vocabulary changed
         since). The folder is written whole (staged, then published); an existing file or
         non-empty folder is refused. A local path's `~` is expanded."""
-        preset_dir = files.user_path(preset_dir)
-        config = self.model.config
-        metadata = {"keras_version": keras.__version__, "txl_keras_version": __version__,
-                    "parameter_count": sizes.parameter_count(config),
-                    "vocabulary_fingerprint": self.tokenizer.vocabulary.fingerprint(),
-                    "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
-                    "class_name": type(self).__name__}
-
-        def write_json(folder, name, value):
-            files.atomic_write(files.join(folder, name), json.dumps(value, indent=2))
-
-        with files.staged_folder(preset_dir, "a preset", last=preset_resolver.METADATA) as staging:
-            write_json(staging, "config.json", keras.saving.serialize_keras_object(self.model))
-            save_weights(self.model, files.join(staging, preset_resolver.WEIGHTS))
-            write_json(staging, preset_resolver.TOKENIZER, keras.saving.serialize_keras_object(self.tokenizer))
-            write_json(staging, "preprocessor.json", keras.saving.serialize_keras_object(self.preprocessor))
-            assets = files.join(staging, preset_resolver.TOKENIZER_ASSETS)
-            files.makedirs(assets)
-            self.tokenizer.save_assets(assets)
-            write_json(staging, preset_resolver.METADATA, metadata)
-        return preset_dir
+        return task_presets.write(preset_dir, self, self.model, self.model.config)
 
     def export(self, filepath, mem_len=None, clamp_len=None, same_length=None):
         """Write a SavedModel with the tokenizer's text functions and the in-graph
