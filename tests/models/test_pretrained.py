@@ -94,6 +94,41 @@ def test_a_local_folder_in_the_release_layout_is_converted(server, tmp_path):
                                   to_np(direct_model(root, "transfo_xl_enwik8")(x, targets=x)["nll"]))
 
 
+def test_a_classifier_fine_tunes_from_a_folder_in_the_release_layout(server, tmp_path):
+    """The released model's backbone under a new head: fit on labelled documents lowers the
+    loss, and a document's logits are the head on the state at its last token when the
+    backbone reads it segment by segment as a stream (its `mem_init` zeros, `same_length`)."""
+    from txl_keras import TransformerXLClassifier
+
+    root, _ = server
+    import shutil
+
+    local = str(tmp_path / "pretrained_xl" / "tf_enwik8")
+    shutil.copytree(os.path.join(root, "tf_enwiki8"), local)
+    clf = TransformerXLClassifier.from_preset(local, num_classes=2, tgt_len=4, mem_len=16,
+                                              cache_dir=str(tmp_path / "cache"))
+    symbols = [chr(b) for b in range(97, 117)]
+    rng = np.random.default_rng(0)
+    texts = ["".join(rng.choice(symbols, int(rng.integers(3, 12)))) for _ in range(24)]
+    labels = np.array([int(t[0] < "k") for t in texts])
+    clf.compile(optimizer=keras.optimizers.Adam(1e-3))
+    before = clf.evaluate(texts, labels, batch_size=4, return_dict=True, verbose=0)["loss"]
+    clf.fit(texts, labels, batch_size=4, epochs=3, verbose=0)
+    assert clf.evaluate(texts, labels, batch_size=4, return_dict=True, verbose=0)["loss"] < before
+    document = max(texts, key=len)
+    ids = np.asarray(clf.tokenizer(document))
+    padded = np.zeros(-(-len(ids) // 4) * 4, "int32")
+    padded[: len(ids)] = ids
+    out = None
+    for start in range(0, len(padded), 4):
+        out = clf.backbone(padded[None, start: start + 4], mems=out and out["mems"],
+                           memory_valid=out and out["memory_valid"], mem_len=16)
+    hidden = to_np(out["hidden"])[0, (len(ids) - 1) % 4]
+    assert len(padded) > 4 and clf.backbone.config.mem_init == "zeros"
+    np.testing.assert_allclose(clf.predict([document] + texts[:5], batch_size=3, verbose=0)[0],
+                               hidden @ to_np(clf.output_dense.kernel) + to_np(clf.output_dense.bias), atol=1e-4)
+
+
 def test_text_in_text_out(server, tmp_path):
     _, url = server
     text = TransformerXLCausalLM.from_preset("transfo_xl_wt103", url=url, cache_dir=str(tmp_path / "cache"))

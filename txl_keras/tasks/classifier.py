@@ -35,7 +35,7 @@ class TransformerXLClassifier(keras.Model):
     preprocessor), the memory carried from batch to batch in this task's stateful
     `MemoryCache` (one valid count per row: each document starts with an empty memory).
     As in the paper, no gradient flows into the memory: a step trains on the segments it
-    reads. `loss` is the cross-entropy summed over the documents that end in a batch
+    reads. A document starts as a stream does with the backbone's `mem_init`. `loss` is the cross-entropy summed over the documents that end in a batch
     divided by their count; the `accuracy` metric counts documents.
 
     Args:
@@ -156,7 +156,12 @@ class TransformerXLClassifier(keras.Model):
             hidden = self.backbone(tokens, training=training, mem_len=self.mem_len)["hidden"]
         else:
             mems, valid = self.document_memory.read()
-            valid = ops.where(ops.cast(inputs["segment_starts"], "bool"), 0, valid)  # a new document: no memory
+            starts = ops.cast(inputs["segment_starts"], "bool")  # a new document: a fresh memory in its row
+            if self.document_memory.zero_init:  # mem_init "zeros": mem_len zero vectors that are attended
+                mems = [ops.where(starts[:, None, None], ops.zeros_like(m), m) for m in mems]
+                valid = ops.where(starts, self.mem_len, valid)
+            else:
+                valid = ops.where(starts, 0, valid)
             out = self.backbone(tokens, mems=mems, memory_valid=valid, training=training, mem_len=self.mem_len)
             self.document_memory.write(out["mems"], out["memory_valid"])
             hidden = out["hidden"]
@@ -278,8 +283,8 @@ class TransformerXLClassifier(keras.Model):
             return
         config = self.backbone.config
         fresh = MemoryCache(self.mem_len, config.n_layer, config.d_model, ext_len=config.ext_len, stateful=True,
-                            batch_size=batch_size, per_row=True, dtype=self.backbone.dtype_policy,
-                            name="document_memory")
+                            batch_size=batch_size, zero_init=config.mem_init == "zeros", per_row=True,
+                            dtype=self.backbone.dtype_policy, name="document_memory")
         locked = self._tracker.locked
         self._tracker.unlock()
         try:
