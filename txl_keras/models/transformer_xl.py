@@ -14,6 +14,7 @@ from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 from txl_keras.layers.weight_initializers import weight_initializer
 from txl_keras.models.config import TransformerXLConfig
+from txl_keras.models import layout_map
 from txl_keras.models.lora_model import LoraModel
 
 
@@ -322,6 +323,14 @@ class TransformerXL(LoraModel, keras.Model):
         if not self.can_cache_kv:
             return [ops.cast(m, self.compute_dtype) for m in mems]
         return [block.attention.project_kv(m) for block, m in zip(self.blocks, mems)]
+
+    @staticmethod
+    def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch", config=None):
+        """The `keras.distribution.LayoutMap` that shards this model's attention heads, its
+        feed-forward's inner dimension and its adaptive clusters' vocabulary rows across the
+        mesh's model axis (`txl_keras.models.layout_map`); give `config` to shard only what
+        divides by that axis."""
+        return layout_map.get_layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name, config)
 
     def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
         """An `InferenceCache` of an empty memory of `batch_size` streams (with `mem_init`

@@ -5,6 +5,7 @@ from keras import ops
 
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
 from txl_keras.models.config import PRESETS, TransformerXLConfig
+from txl_keras.models import layout_map
 from txl_keras.models.lora_model import LoraModel
 from txl_keras.models.transformer_xl import TransformerXL, as_config, as_ids, initializers
 
@@ -125,6 +126,14 @@ class TransformerXLLM(LoraModel, keras.Model):
             raise ValueError(f"{preset!r} is not an architecture preset ({', '.join(sorted(PRESETS))}). A trained "
                              f"model loads with txl_keras.TransformerXLCausalLM.from_preset({preset!r}).model.")
         return cls(TransformerXLConfig.from_preset(preset), **kwargs)
+
+    @staticmethod
+    def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch", config=None):
+        """The `keras.distribution.LayoutMap` that shards this model's attention heads, its
+        feed-forward's inner dimension and its adaptive clusters' vocabulary rows across the
+        mesh's model axis (`txl_keras.models.layout_map`); give `config` to shard only what
+        divides by that axis."""
+        return layout_map.get_layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name, config)
 
     def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
         """An `InferenceCache` of an empty memory (see `TransformerXL.init_cache`)."""

@@ -1,0 +1,46 @@
+"""`keras.distribution` on JAX: the text task's `fit` on 8 virtual CPU devices, data parallel
+and model parallel (`TransformerXLLM.get_layout_map`), gives the losses of one device with the
+same global batch, and the model-parallel weights really are split across the devices."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from txl_keras import TransformerXLConfig, TransformerXLLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.slow
+def test_data_and_model_parallel_fit_give_one_devices_losses():
+    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(["timeout", "-k", "10", "400", sys.executable, os.path.join(HERE, "distributed_fit.py")],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout)
+    single = runs["single"]["losses"]
+    assert len(single) >= 4 and single[-1] < single[0]
+    for name in ("data_parallel", "model_parallel"):
+        np.testing.assert_allclose(runs[name]["losses"], single, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert runs["data_parallel"]["qkv_spec"] == ["None", "None"]  # replicated
+    sharded = runs["model_parallel"]
+    assert sharded["qkv_spec"] == ["None", "model"] and sharded["devices"] == 8
+    assert sharded["qkv_shard_shapes"] == [[16, 12]]  # (d_model, 3 * 16 / 4) on each device
+
+
+def test_the_layout_map_shards_only_what_divides():
+    mesh = keras.distribution.DeviceMesh((1, 3), ("batch", "model"), np.array([["cpu:0", "cpu:1", "cpu:2"]]))
+    config = TransformerXLConfig.from_preset("tiny", n_token=66, cutoffs=[18, 30], n_head=3, d_head=4, d_inner=32)
+    layouts = TransformerXLLM.get_layout_map(mesh, config=config)
+    keys = set(layouts)
+    assert r".*rel_attn/o_kernel" in keys  # 3 heads of 4: 12 columns divide by 3
+    assert r".*ff/layer_1/kernel" not in keys  # d_inner 32 does not
+    assert {k for k in keys if "adaptive_embed" in k} == {r".*adaptive_embed/cutoff_0_lookup_table",
+                                                          r".*adaptive_embed/cutoff_1_lookup_table",
+                                                          r".*adaptive_embed/cutoff_2_lookup_table"}
