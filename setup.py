@@ -21,8 +21,10 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3.8"],
+        "test": ["pytest>=7", "pytest-xdist>=3.8", "huggingface_hub>=0.24", "kagglehub>=0.3"],
         "jax": ["jax[cpu]>=0.4.30"],
         "tensorboard": ["tensorboard"],
+        # hf:// and kaggle:// presets: the hubs' own clients fetch and publish them
+        "hub": ["huggingface_hub>=0.24", "kagglehub>=0.3"],
     },
 )

@@ -29,10 +29,11 @@ _HOMES = {
     "TransformerXLClassifier": "txl_keras.tasks",
     "TransformerXLClassifierPreprocessor": "txl_keras.tasks",
     "export_saved_model": "txl_keras.export",
+    "upload_preset": "txl_keras.tasks",
     "load_trained_model": "txl_keras.run_folder",
     "prefer_bfc_cpu_allocator": "txl_io.cpu_allocator",
 }
-_MODULES = ("convert", "export", "generate", "kernels", "layers", "models", "presets", "run_folder", "tasks",
+_MODULES = ("convert", "export", "generate", "hub", "kernels", "layers", "models", "presets", "run_folder", "tasks",
             "tokenizers", "training")
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, _HOMES, _MODULES)

@@ -15,6 +15,8 @@ Each source is a `PresetLoader` class, found through one registry (`NAMED_LOADER
 - `PresetFolderLoader`: a preset folder written by `TransformerXLCausalLM.save_to_preset`: `config.json` (the
   serialized `TransformerXLLM`), `metadata.json`, `model.weights.h5`, `tokenizer.json`
   and `assets/tokenizer/vocab.json`;
+- `HubLoader`: a hub handle, `hf://owner/name` or `kaggle://owner/model/keras/variation`, fetched
+  through the hub's client library (`txl_keras.hub`, the `hub` extra) and read as the folder it is;
 - `ReleaseLayoutLoader`: a local folder in the release layout (`model/<checkpoint>.index`, `.data-*`,
   `data/cache.pkl`), converted into the cache: the checkpoint is the one `model/checkpoint`
   names (else the only one there), the corpus the one its folder's name and its
@@ -41,6 +43,7 @@ import re
 from tf_records.original import load_cache_vocab
 from txl_io import files
 from txl_io.fetch import warn
+from txl_keras import hub
 from txl_keras.releases import (RELEASES, check_file, checkpoint_name, converted_folder,
                                 download_folder, fetch_file)
 from tf_records.vocabulary import Vocabulary
@@ -188,7 +191,27 @@ class ReleaseLayoutLoader(PresetLoader):
 
 
 # The registry, in the order a preset is tried: names first, then folders by what they hold.
-NAMED_LOADERS = (ReleaseLoader,)
+class HubLoader(PresetLoader):
+    """A hub handle (`hf://owner/name`, `kaggle://owner/model/keras/variation`): its files
+    fetched by the hub's client (`txl_keras.hub`, cached there), then read by the folder
+    loader of what they hold."""
+
+    kind = "hub"
+
+    @staticmethod
+    def matches(preset):
+        return hub.is_handle(preset)
+
+    def load(self, preset, options):
+        folder = hub.download(preset, options.cache_dir, options.force_download)
+        for loader in FOLDER_LOADERS:
+            if loader.matches(folder):
+                return dataclasses.replace(loader().load(folder, options), source=preset)
+        raise RunFolderError(f"{preset} holds no preset: neither a saved preset (metadata.json, tokenizer.json) nor "
+                             "a run or converted folder (config.json); upload a folder written by save_to_preset.")
+
+
+NAMED_LOADERS = (ReleaseLoader, HubLoader)
 FOLDER_LOADERS = (PresetFolderLoader, RunFolderLoader, ReleaseLayoutLoader)
 
 

@@ -46,6 +46,9 @@ FORBIDDEN = {
     # `python -m tf_records --pretrained=NAME` reads a release's corpus and vocabulary, which are data.
     "tf_records.__main__": [p for p in _ABOVE_LAYERS if p not in ("txl_keras.releases", "tf_records", "txl_io")]
     + ["txl_keras.layers", "txl_keras.kernels", "txl_keras.tf_backend", "txl_keras.samplers"],
+    "txl_keras.hub": ["txl_keras.models", "txl_keras.training", "txl_keras.export", "txl_keras.generate",
+                      "txl_keras.convert", "txl_keras.run_folder", "txl_keras.layers", "txl_keras.kernels"]
+    + _TASK_AND_PRESETS,
     "txl_keras.releases": ["txl_keras.models", "txl_keras.training", "txl_keras.export", "txl_keras.generate",
                            "txl_keras.convert", "txl_keras.run_folder"] + _TASK_AND_PRESETS,
 }

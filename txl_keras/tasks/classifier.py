@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from txl_io import files
+from txl_keras import hub
 from txl_keras import presets as preset_resolver
 from txl_keras.layers import MemoryCache, arguments
 from txl_keras.models import TransformerXL
@@ -102,8 +103,11 @@ class TransformerXLClassifier(keras.Model):
         or a new head of `num_classes` on the backbone of a language model's preset (a
         released model's name, a run folder, a converted or preset folder: anything
         `TransformerXLCausalLM.from_preset` loads), reading segments of `tgt_len` (default
-        the model's) with a memory of `mem_len`. `kwargs` go to
+        the model's) with a memory of `mem_len`; a hub handle (`hf://`, `kaggle://`) is
+        fetched first. `kwargs` go to
         `TransformerXLCausalLM.from_preset` (`url`, `cache_dir`, `force_download`)."""
+        if hub.is_handle(preset):  # fetched first: a saved classifier is known by its folder's metadata
+            preset = hub.download(preset, kwargs.get("cache_dir"), kwargs.get("force_download", False))
         saved = task_presets.saved_task_class(preset)
         if saved == cls.__name__:
             return cls._load_saved(files.user_path(preset), num_classes, dtype)

@@ -1,0 +1,102 @@
+"""A stand-in for the Hugging Face Hub on a local HTTP server: the endpoints
+`huggingface_hub` uses to fetch a repository (revision, tree, resolve) and to publish a folder
+(create, preupload, commit), over an in-memory store. Every request is logged."""
+
+import base64
+import contextlib
+import hashlib
+import http.server
+import json
+import threading
+
+COMMIT = "c" * 40
+
+
+class Hub:
+    def __init__(self):
+        self.repos = {}  # "owner/name" -> {path: bytes}
+        self.requests = []  # (method, path)
+
+
+def _handler(hub):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body=b"", headers=None):
+            self.send_response(code)
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _json(self, value):
+            self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"})
+
+        def _missing(self):
+            self._send(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound",
+                                                                   "Content-Type": "application/json"})
+
+        def do_GET(self):
+            hub.requests.append((self.command, self.path))
+            parts = self.path.split("?")[0].strip("/").split("/")
+            if parts[:2] == ["api", "models"]:
+                repo = "/".join(parts[2:4])
+                if repo not in hub.repos:
+                    return self._missing()
+                stored = hub.repos[repo]
+                if parts[4] == "revision":
+                    return self._json({"id": repo, "sha": COMMIT, "siblings": [{"rfilename": p} for p in stored]})
+                if parts[4] == "tree":
+                    return self._json([{"type": "file", "path": p, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                                       for p, d in stored.items()])
+            repo, path = "/".join(parts[:2]), "/".join(parts[4:])
+            if len(parts) > 4 and parts[2] == "resolve" and path in hub.repos.get(repo, {}):
+                data = hub.repos[repo][path]
+                return self._send(200, data, {"X-Repo-Commit": COMMIT,
+                                              "ETag": '"' + hashlib.sha1(data).hexdigest() + '"'})
+            self._missing()
+
+        do_HEAD = do_GET
+
+        def do_POST(self):
+            hub.requests.append((self.command, self.path))
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            parts = self.path.split("?")[0].strip("/").split("/")
+            if parts == ["api", "repos", "create"]:
+                request = json.loads(body)
+                repo = f"{request['organization']}/{request['name']}"
+                hub.repos.setdefault(repo, {})
+                return self._json({"url": f"http://{self.headers['Host']}/{repo}", "name": repo})
+            repo = "/".join(parts[2:4])
+            if repo not in hub.repos:
+                return self._missing()
+            if parts[4] == "preupload":
+                return self._json({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                             for f in json.loads(body)["files"]]})
+            if parts[4] == "commit":
+                for line in body.decode().splitlines():
+                    item = json.loads(line)
+                    if item["key"] == "file":
+                        hub.repos[repo][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+                return self._json({"commitUrl": f"http://{self.headers['Host']}/{repo}/commit/{COMMIT}",
+                                   "commitOid": COMMIT, "pullRequestUrl": None})
+            self._missing()
+
+    return Handler
+
+
+@contextlib.contextmanager
+def serve():
+    """`(hub, url)` of a stand-in hub running until the block ends."""
+    hub = Hub()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield hub, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
