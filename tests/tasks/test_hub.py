@@ -1,6 +1,6 @@
 """Presets on the hubs: `hf://` handles fetched and published with `huggingface_hub` against a
 local stand-in server (download, cache, a missing repository, `upload_preset`), `kaggle://`
-handles passed to `kagglehub` as its calls expect them, and one-line errors. Nothing reaches a
+handles with `kagglehub` against a stand-in of Kaggle's model API, and one-line errors. Nothing reaches a
 network."""
 
 import json
@@ -84,19 +84,28 @@ def test_a_missing_repository_and_bad_folders_are_one_line_each(hf, tmp_path):
             hub.parse(bad)
 
 
-def test_kaggle_handles_go_to_kagglehub_as_its_calls_take_them(monkeypatch, tmp_path):
-    import kagglehub
+def test_a_preset_published_to_kaggle_loads_back_and_is_read_from_the_cache(monkeypatch, tmp_path):
+    from kaggle_server import serve as serve_kaggle
 
-    saved_lm(tmp_path / "tiny")
-    calls = []
-    monkeypatch.setattr(kagglehub, "model_download",
-                        lambda handle, force_download=False, output_dir=None: calls.append(handle) or
-                        str(tmp_path / "tiny"))
-    monkeypatch.setattr(kagglehub, "model_upload", lambda handle, folder: calls.append((handle, folder)))
-    loaded = TransformerXLCausalLM.from_preset("kaggle://me/tiny/keras/small")
-    assert loaded.model.config.n_token == len(VOCAB)
-    txl_keras.upload_preset("kaggle://me/tiny/keras/small", str(tmp_path / "tiny"))
-    assert calls == ["me/tiny/keras/small", ("me/tiny/keras/small", str(tmp_path / "tiny"))]
+    monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "TEST")  # kagglesdk's localhost:7777
+    monkeypatch.setenv("KAGGLE_USERNAME", "me")
+    monkeypatch.setenv("KAGGLE_KEY", "test")
+    monkeypatch.setenv("KAGGLEHUB_CACHE", str(tmp_path / "kagglehub"))
+    lm = saved_lm(tmp_path / "tiny")
+    with serve_kaggle() as kaggle:
+        txl_keras.upload_preset("kaggle://me/tiny/keras/small", str(tmp_path / "tiny"))
+        local = {os.path.relpath(os.path.join(d, f), tmp_path / "tiny") for d, _, fs in os.walk(tmp_path / "tiny")
+                 for f in fs}
+        assert set(kaggle.variations[("me", "tiny", "small")][0]) == local
+        loaded = TransformerXLCausalLM.from_preset("kaggle://me/tiny/keras/small")
+        expected = lm.generate("abc", max_new_tokens=8, sampler="greedy")
+        assert loaded.generate("abc", max_new_tokens=8, sampler="greedy") == expected
+        downloads = kaggle.calls.count("DownloadModelInstanceVersion")
+        assert downloads == len(local)
+        TransformerXLCausalLM.from_preset("kaggle://me/tiny/keras/small")
+        assert kaggle.calls.count("DownloadModelInstanceVersion") == downloads  # read from the cache
+        with pytest.raises(hub.HubError, match=r"^Cannot fetch kaggle://me/other/keras/small: no such repository"):
+            TransformerXLCausalLM.from_preset("kaggle://me/other/keras/small")
 
 
 def test_without_the_client_library_the_error_names_the_extra(monkeypatch):
