@@ -55,3 +55,11 @@ def boolean(layer, name, value, allow_none=False):
     if not (isinstance(value, bool) or type(value).__name__ == "bool_" or (allow_none and value is None)):
         _fail(layer, name, "True or False" + (" (or None)" if allow_none else ""), value)
     return None if value is None else bool(value)
+
+
+def count(name, value, low):
+    """A call's count (`batch_size`, `epochs`, ...) checked as an integer >= `low`, numpy
+    integers too: the error names the argument."""
+    if not _is_int(value) or value < low:
+        raise ValueError(f"Expected `{name}` to be an integer >= {low}. Received: {name}={value!r}")
+    return int(value)

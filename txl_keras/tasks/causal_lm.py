@@ -11,7 +11,7 @@ from keras import ops
 from txl_keras import generate as generation
 from txl_keras import presets as preset_resolver
 from txl_keras import samplers
-from txl_keras.layers import MemoryCache
+from txl_keras.layers import MemoryCache, arguments
 from txl_keras.models import TransformerXLLM
 from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights
 from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
@@ -205,11 +205,11 @@ class TransformerXLCausalLM(keras.Model):
         batches; see the class docstring. With `steps_per_epoch`, an epoch longer than the
         text reads it again (the memory carries on), and an endless dataset or iterator is
         read as far as one epoch needs. Other arguments as Keras's `fit`."""
-        batch_size = _count("batch_size", 1 if batch_size is None else batch_size, 1)
-        epochs = _count("epochs", epochs, 0)
+        batch_size = arguments.count("batch_size", 1 if batch_size is None else batch_size, 1)
+        epochs = arguments.count("epochs", epochs, 0)
         steps_per_epoch = kwargs.pop("steps_per_epoch", None)
         if steps_per_epoch is not None:
-            steps_per_epoch = _count("steps_per_epoch", steps_per_epoch, 1)
+            steps_per_epoch = arguments.count("steps_per_epoch", steps_per_epoch, 1)
         if kwargs.get("shuffle"):
             raise ValueError("fit keeps the text's segments in order (the memory follows the streams); "
                              "drop shuffle=True.")
@@ -236,7 +236,7 @@ class TransformerXLCausalLM(keras.Model):
         """The loss and metrics of text (as `fit` reads it) through the memory."""
         if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: the batches are made already
             return super().evaluate(x, batch_size=batch_size, callbacks=callbacks, **kwargs)
-        batch_size = _count("batch_size", 1 if batch_size is None else batch_size, 1)
+        batch_size = arguments.count("batch_size", 1 if batch_size is None else batch_size, 1)
         data = self.preprocessor.stream_dataset(self._read_texts(x), batch_size)
         if not self.compiled:
             self.compile()
@@ -518,13 +518,3 @@ def _read(items, needed_tokens, count_tokens):
     if not texts:
         raise ValueError("The text is empty: the dataset or iterator gave no string.")
     return texts
-
-
-def _count(name, value, low):
-    """`value` checked as an integer >= `low` (numpy integers too)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"Expected `{name}` to be an integer >= {low}. Received: {name}={value!r}")
-    return int(value)
-
-
-

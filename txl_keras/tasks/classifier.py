@@ -208,8 +208,8 @@ class TransformerXLClassifier(keras.Model):
         `batch_size` streams (default 8). With `shuffle`, each epoch reads the documents
         in a new order (drawn from `seed`). `validation_data`: `(texts, labels)`."""
         texts, labels = self._documents(x, y)
-        batch_size = _count("batch_size", 8 if batch_size is None else batch_size, 1)
-        epochs = _count("epochs", epochs, 0)
+        batch_size = arguments.count("batch_size", 8 if batch_size is None else batch_size, 1)
+        epochs = arguments.count("epochs", epochs, 0)
         if "steps_per_epoch" in kwargs:
             raise ValueError("fit reads every document once per epoch; drop steps_per_epoch.")
         documents = self.preprocessor.document_ids(texts)
@@ -234,7 +234,7 @@ class TransformerXLClassifier(keras.Model):
         if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: the batches are made already
             return super().evaluate(x, y, batch_size=batch_size, **kwargs)
         texts, labels = self._documents(x, y)
-        batch_size = _count("batch_size", 8 if batch_size is None else batch_size, 1)
+        batch_size = arguments.count("batch_size", 8 if batch_size is None else batch_size, 1)
         data = _dataset(self.preprocessor(texts, batch_size, labels), with_labels=True)
         if not self.compiled:
             self.compile()
@@ -244,7 +244,7 @@ class TransformerXLClassifier(keras.Model):
     def predict(self, x, batch_size=None, **kwargs):
         """The logits `(len(x), num_classes)` of documents `x` (strings), in their order."""
         texts, _ = self._documents(x, None)
-        batch_size = _count("batch_size", 8 if batch_size is None else batch_size, 1)
+        batch_size = arguments.count("batch_size", 8 if batch_size is None else batch_size, 1)
         layout = self.preprocessor(texts, batch_size)
         self._use_document_memory(batch_size)
         logits = super().predict(_dataset(layout, with_labels=False), **kwargs)
@@ -336,12 +336,6 @@ class _DocumentMean(keras.metrics.Mean):
 
     def update_state(self, values, sample_weight=None):
         return super().update_state(values, sample_weight=self._documents_in_batch())
-
-
-def _count(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"Expected `{name}` to be an integer >= {low}. Received: {name}={value!r}")
-    return int(value)
 
 
 def _inputs(layout):
