@@ -20,7 +20,9 @@ rounds' ratios; its long calls make `--batch_long` new tokens, so that the batch
 prompts and their spread cancel), beam search with 4 beams (`beam4`: time per new token
 against greedy), and the SavedModel's in-graph `generate` signature on a prompt of 128
 words of a stand-in vocabulary (`in_graph`: time per new token against
-`TransformerXLCausalLM.generate` on the same text).
+`TransformerXLCausalLM.generate` on the same text), and the model quantized to int8
+(`quantize("int8")`) against float32 on one prompt (`int8`: both in one process, their calls
+interleaved; also the bytes of the weights each holds).
 """
 
 import argparse
@@ -35,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, generation_counts, matmul_ceiling_gflops, random_ids, read_bandwidth_gbs, run_worker  # noqa: E402
 
 SETTINGS = dict(mem_len=1600, clamp_len=1000, same_length=True, prompt=128)
-MODES = ("greedy", "batch8", "beam4", "in_graph")
+MODES = ("greedy", "batch8", "beam4", "in_graph", "int8")
 
 
 def per_token(run, short, long):
@@ -75,6 +77,8 @@ def txl_worker(c, e):
         return in_graph_worker(model, c, e)
     if mode == "batch8":
         return batch_worker(model, c, e, generate)
+    if mode == "int8":
+        return int8_worker(model, prompt, generate)
     sampler = BeamSampler(4, 0.0) if mode == "beam4" else None
     start = time.perf_counter()  # the process's first call: its tracing and compilation included
     generate(model, prompt, e["short"], temperature=0, sampler=sampler)
@@ -108,6 +112,20 @@ def batch_worker(model, c, e, generate, rounds=3):
     return {"s_per_token": median([b[0] for b in batch]), "fixed_s": median([b[1] for b in batch]),
             "one_s_per_token": median([a[0] for a in alone]), "ratio": median(ratios),
             "ratios": ratios, "rows": len(prompts)}
+
+
+def int8_worker(model, prompt, generate):
+    """Greedy generation of the float32 model and of a copy quantized to int8, side by side."""
+    from txl_keras import TransformerXLLM
+
+    quantized = TransformerXLLM.from_config(model.get_config())
+    quantized.set_weights(model.get_weights())
+    quantized.quantize("int8")
+    sides = side_by_side([lambda n: generate(model, prompt, n, temperature=0),
+                          lambda n: generate(quantized, prompt, n, temperature=0)], 8, 40)
+    nbytes = lambda m: sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in m.weights)  # noqa: E731
+    return {"s_per_token": sides[1][0], "fixed_s": sides[1][1], "float_s_per_token": sides[0][0],
+            "weight_bytes": nbytes(quantized), "float_weight_bytes": nbytes(model), "rows": 1}
 
 
 def in_graph_worker(model, c, e):
@@ -242,6 +260,11 @@ def main():
         print(f"in-graph generate signature: {r['s_per_token'] * 1e3:.1f} ms per new token, "
               f"TransformerXLCausalLM.generate {r['task_s_per_token'] * 1e3:.1f} ms: "
               f"{r['s_per_token'] / r['task_s_per_token']:.2f}x the time")
+    if "int8" in results:
+        r = results["int8"]
+        print(f"int8 / float32 (greedy tokens/s, same process): {r['float_s_per_token'] / r['s_per_token']:.2f}x "
+              f"(float32 {r['float_s_per_token'] * 1e3:.1f} ms per token); weights {r['weight_bytes'] / 1e6:.0f} MB, "
+              f"float32's {r['float_weight_bytes'] / 1e6:.0f} MB ({r['weight_bytes'] / r['float_weight_bytes']:.3f}x)")
     for impl in ("baseline", "hf"):
         if impl in results and greedy:
             ratio = results[impl]["s_per_token"] / greedy["s_per_token"]

@@ -57,7 +57,7 @@ WEIGHTS = "model.weights.h5"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # `Vocabulary.fingerprint()`
-MODEL_OPTIONS = ("lora_rank", "lora_alpha")  # TransformerXLLM arguments a preset folder's config.json may hold
+MODEL_OPTIONS = ("lora_rank", "lora_alpha", "quantization")  # TransformerXLLM arguments a preset's config.json may hold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,8 @@ class Preset:
         weights: the path of its weights (a checkpoint folder or a `.weights.h5`).
         vocabulary: the path of its `vocab.json`, or None when it has none.
         model_options: `(name, value)` pairs of the `TransformerXLLM` arguments a preset
-            folder records beside the config (its LoRA adapters' `lora_rank`, `lora_alpha`).
+            folder records beside the config (its LoRA adapters' `lora_rank`, `lora_alpha`;
+            `quantization` of int8 weights).
     """
 
     source: str
@@ -296,8 +297,11 @@ def saved_fingerprint(folder):
 
 
 def _check_model_options(options):
-    """A ValueError unless the recorded LoRA settings are None or positive numbers (rank an integer)."""
+    """A ValueError unless the recorded LoRA settings are None or positive numbers (rank an
+    integer) and the quantization None or "int8"."""
     rank, alpha = options.get("lora_rank"), options.get("lora_alpha")
+    if options.get("quantization") not in (None, "int8"):
+        raise ValueError(f"quantization={options['quantization']!r} is not None or 'int8'")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
         raise ValueError(f"lora_rank={rank!r} is not a positive integer")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):

@@ -3,6 +3,7 @@ over a large table."""
 
 from keras import ops
 
+from txl_keras.kernels import int8
 from txl_keras.kernels.tables import row_blocks, rows_times_table
 
 # `streamed_nll` takes the table in pieces whose logits hold at most PIECE_VALUES values
@@ -47,20 +48,24 @@ def sparse_nll(logits, targets):
     return nll(ops.convert_to_tensor(logits))
 
 
-def table_logits(x, blocks, bias):
+def table_logits(x, blocks, bias, scale=None):
     """float32 logits `(n, rows)` of rows `x` `(n, width)` against the row `blocks` of a
-    table (concatenated: `(rows, width)`) plus `bias` `(rows,)`."""
-    parts = [rows_times_table(x, ops.cast(block, x.dtype)) for block in blocks]
-    logits = ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
-    return ops.cast(logits, "float32") + ops.cast(bias, "float32")
+    table (concatenated: `(rows, width)`) plus `bias` `(rows,)`; int8 blocks hold a
+    quantized table's values, whose logits are divided by the rows' `scale` `(rows,)`."""
+    parts = [int8.times_table(x, block) if block.dtype == "int8" else rows_times_table(x, ops.cast(block, x.dtype))
+             for block in blocks]
+    logits = ops.cast(ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0], "float32")
+    if scale is not None:
+        logits = logits / ops.cast(scale, "float32")
+    return logits + ops.cast(bias, "float32")
 
 
-def streamed_nll_reference(x, table, bias, targets, low, rows, extra=None):
+def streamed_nll_reference(x, table, bias, targets, low, rows, extra=None, scale=None):
     """The NLL of `targets` under the logits of `x` `(n, width)` against the table's rows
-    `[low, low + rows)` `(R, width)` with `bias` `(rows,)`, followed by the `extra` rows
-    `(weights (k, width), bias (k,))` if given: targets `(n,)` in `[0, rows + k)` ->
-    float32 `(n,)`."""
-    logits = table_logits(x, [table[low:low + rows]], bias)
+    `[low, low + rows)` `(R, width)` with `bias` `(rows,)` (and, for an int8 table, the
+    rows' `scale` `(rows,)`), followed by the `extra` rows `(weights (k, width), bias (k,))`
+    if given: targets `(n,)` in `[0, rows + k)` -> float32 `(n,)`."""
+    logits = table_logits(x, [table[low:low + rows]], bias, scale)
     if extra is not None:
         logits = ops.concatenate([logits, table_logits(x, [extra[0]], extra[1])], axis=-1)
     return sparse_nll_reference(logits, targets)
@@ -81,7 +86,7 @@ def after(x, value):
     return ops.add(x, ops.cast(ops.sum(value) > float("inf"), x.dtype))
 
 
-def streamed_nll(x, table, bias, targets, low, rows, extra=None, wait_for=None):
+def streamed_nll(x, table, bias, targets, low, rows, extra=None, wait_for=None, scale=None):
     """`streamed_nll_reference` without the logits of all the rows at once, nor a copy of
     the table: the log-sum-exp is kept online over pieces of the rows (`piece_rows`), the
     whole pieces by one loop (one piece's operations in the graph, not one set per piece),
@@ -94,9 +99,9 @@ def streamed_nll(x, table, bias, targets, low, rows, extra=None, wait_for=None):
     state = (start_top if wait_for is None else after(start_top, wait_for),
              ops.zeros(ops.shape(targets), "float32"), ops.zeros(ops.shape(targets), "float32"))
 
-    def add_piece(state, blocks, piece_bias, start):
+    def add_piece(state, blocks, piece_bias, start, piece_scale=None):
         top, total, picked = state
-        logits = table_logits(after(x, top), blocks, piece_bias)
+        logits = table_logits(after(x, top), blocks, piece_bias, piece_scale)
         width = logits.shape[-1]
         # (with `initial`, no rows is no error; kept dims: Keras's PyTorch max of no rows drops the axis)
         new_top = ops.maximum(top, ops.max(logits, axis=-1, keepdims=True, initial=float("-inf"))[:, 0])
@@ -110,18 +115,22 @@ def streamed_nll(x, table, bias, targets, low, rows, extra=None, wait_for=None):
         # TensorFlow shares the table's buffer (see `row_blocks`), else copies it.
         flat, width = ops.reshape(table, (-1,)), table.shape[-1]
         bias_values = ops.convert_to_tensor(bias)  # (JAX's loop takes arrays, not variables)
+        scale_values = None if scale is None else ops.convert_to_tensor(scale)
 
         def body(k, state):
             start = k * step
             block = ops.reshape(ops.slice(flat, ((low + start) * width,), (step * width,)), (step, width))
-            return add_piece(state, [block], ops.slice(bias_values, (start,), (step,)), start)
+            piece_scale = None if scale is None else ops.slice(scale_values, (start,), (step,))
+            return add_piece(state, [block], ops.slice(bias_values, (start,), (step,)), start, piece_scale)
 
         state = ops.fori_loop(0, whole, body, state)
     else:
-        state = add_piece(state, row_blocks(table, low, low + step), bias[:step], 0)
+        state = add_piece(state, row_blocks(table, low, low + step), bias[:step], 0,
+                          None if scale is None else scale[:step])
     done = whole * step
     if done < rows:
-        state = add_piece(state, row_blocks(table, low + done, low + rows), bias[done:], done)
+        state = add_piece(state, row_blocks(table, low + done, low + rows), bias[done:], done,
+                          None if scale is None else scale[done:])
     if extra is not None:
         state = add_piece(state, [extra[0]], extra[1], rows)
     top, total, picked = state

@@ -3,12 +3,13 @@
 import keras
 from keras import ops
 
+from txl_keras.layers import quantization
 from txl_keras.layers.adaptive_clusters import check_cutoffs, cluster_bounds
 from txl_keras.layers.weight_initializers import weight_initializer
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class AdaptiveEmbedding(keras.layers.Layer):
+class AdaptiveEmbedding(quantization.QuantizableLayer, keras.layers.Layer):
     """Token embedding with a smaller width for rarer clusters of the vocabulary.
 
     The vocabulary is split at `cutoffs` into clusters; cluster `i` has its own table of
@@ -20,7 +21,9 @@ class AdaptiveEmbedding(keras.layers.Layer):
     `sqrt(hidden_dim)` (the projection width, not `embedding_dim`), as in the original.
 
     The tables and projections are `tables[i]` and `projections[i]` (`None` where
-    absent); `AdaptiveSoftmax` ties its output weights to them.
+    absent); `AdaptiveSoftmax` ties its output weights to them. `quantize("int8")` makes
+    the tables int8 with a scale per row (`table_scales[i]`, None while float; the
+    projections, `d_embed`-wide at most, stay float).
 
     Args:
         vocabulary_size: int, `n_token`.
@@ -79,6 +82,7 @@ class AdaptiveEmbedding(keras.layers.Layer):
 
     def build(self, tokens_shape=None):
         self.tables, self.projections = [], []
+        self.table_scales = []
         if self.div_val == 1:
             self.tables.append(self._table("lookup_table", self.vocabulary_size, self.embedding_dim))
             needs_proj = self.embedding_dim != self.hidden_dim
@@ -90,7 +94,15 @@ class AdaptiveEmbedding(keras.layers.Layer):
                 self.tables.append(self._table(f"cutoff_{i}_lookup_table", rows, width))
                 skip = width == self.hidden_dim and not self.proj_same_dim
                 self.projections.append(None if skip else self._proj(f"cutoff_{i}_proj_W", width))
+        self.table_scales = [None] * len(self.tables)
         self.built = True
+        self._quantize_if_policy_says()
+
+    def _to_int8(self):
+        """Every table as int8 values with a scale per row (`layers.quantization`)."""
+        quantized = [quantization.to_int8(self, table, axis=1) for table in self.tables]
+        self.tables = [values for values, _ in quantized]
+        self.table_scales = [scale for _, scale in quantized]
 
     def _table(self, name, rows, width):
         return self.add_weight(
@@ -106,7 +118,7 @@ class AdaptiveEmbedding(keras.layers.Layer):
         tokens = ops.cast(tokens, "int32")
         scale = self.hidden_dim**0.5
         if self.div_val == 1:
-            embedded = ops.take(self.tables[0], tokens, axis=0)
+            embedded = quantization.take_rows(self.tables[0], tokens, self.table_scales[0])
             if self.projections[0] is not None:
                 embedded = ops.matmul(embedded, self.projections[0])
             return ops.cast(embedded, self.compute_dtype) * scale
@@ -118,7 +130,7 @@ class AdaptiveEmbedding(keras.layers.Layer):
         for i, (table, proj) in enumerate(zip(self.tables, self.projections)):
             low, high = self.bounds[i], self.bounds[i + 1]
             in_cluster = ops.logical_and(tokens >= low, tokens < high)
-            part = ops.take(table, ops.clip(tokens - low, 0, high - low - 1), axis=0)
+            part = quantization.take_rows(table, ops.clip(tokens - low, 0, high - low - 1), self.table_scales[i])
             part = part * ops.cast(in_cluster, part.dtype)[..., None]
             if proj is None:  # a width of hidden_dim without proj_same_dim: used as it is
                 unprojected = part

@@ -4,8 +4,10 @@ import keras
 from keras import ops
 
 from txl_keras import kernels
+from txl_keras.kernels import int8
 from txl_keras.kernels import nll as nll_kernels
 from txl_keras.kernels import tables
+from txl_keras.layers import quantization
 from txl_keras.layers.adaptive_clusters import check_cutoffs, cluster_bounds
 from txl_keras.layers.weight_initializers import weight_initializer
 
@@ -14,7 +16,7 @@ TAIL_MODES = ("auto", "gather", "dense")
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class AdaptiveSoftmax(keras.layers.Layer):
+class AdaptiveSoftmax(quantization.QuantizableLayer, keras.layers.Layer):
     """Per-token negative log-likelihood, and full log-probabilities, of an adaptive
     softmax whose weights may be tied to an `AdaptiveEmbedding`.
 
@@ -34,6 +36,10 @@ class AdaptiveSoftmax(keras.layers.Layer):
     cluster's logits are computed only for the tokens whose target is in it (dynamic
     shapes: TensorFlow and PyTorch); `"dense"` computes them for every token (static
     shapes: JAX, XLA); `"auto"` picks `"dense"` on JAX, `"gather"` elsewhere.
+
+    `quantize("int8")` makes the untied tables int8 with a scale per row (a tied table is
+    the embedding's, quantized with it: quantize the embedding first); a cluster's logits
+    are then `((h @ P_i^T) @ q_i^T) / scale_i + b_i`. Projections and biases stay float.
 
     Args:
         vocabulary_size: int, `n_token`.
@@ -169,7 +175,18 @@ class AdaptiveSoftmax(keras.layers.Layer):
                 name="cluster_W", shape=(len(self.cutoffs), self.embedding_dim), initializer="zeros"
             )
             self.cluster_b = self.add_weight(name="cluster_b", shape=(len(self.cutoffs),), initializer="zeros")
+        self.own_table_scales = [None] * len(self.own_tables)
         self.built = True
+        self._quantize_if_policy_says()
+
+    def _to_int8(self):
+        """The untied tables as int8 values with a scale per row (`layers.quantization`)."""
+        if self.tie_weight and self.embedding.quantization_mode != "int8":
+            raise ValueError("AdaptiveSoftmax's tables are tied to an AdaptiveEmbedding: quantize the embedding "
+                             "first (the models' quantize() does both).")
+        for i, table in enumerate(self.own_tables):
+            if table is not None:
+                self.own_tables[i], self.own_table_scales[i] = quantization.to_int8(self, table, axis=1)
 
     def cluster_weights(self, i):
         """`(table, bias, projection)` of cluster `i`; projection may be None."""
@@ -183,41 +200,57 @@ class AdaptiveSoftmax(keras.layers.Layer):
             proj = self.own_projections[i]
         return table, self.biases[i], proj
 
+    def table_scale(self, i):
+        """The per-row scale `(table rows,)` of the int8 table `cluster_weights(i)` holds
+        (the whole table's with `div_val == 1`), None while float."""
+        j = 0 if self.div_val == 1 else i
+        return self.embedding.table_scales[j] if self.tie_weight else self.own_table_scales[j]
+
+    def _cluster_scale(self, i):
+        """`table_scale(i)` of the cluster's own rows `(rows,)`, None while float."""
+        scale = self.table_scale(i)
+        if scale is None or not (self.div_val == 1 and self.cutoffs):
+            return scale
+        return scale[self.bounds[i]:self.bounds[i + 1]]
+
     def _cluster_blocks(self, i):
         """`cluster_weights(i)` with the cluster's rows of the table as a list of row
-        blocks (`row_blocks`: no copy of a shared table on TensorFlow)."""
+        blocks (`row_blocks`: no copy of a shared table on TensorFlow), and the rows' scale."""
         table, bias, proj = self.cluster_weights(i)
         if self.div_val == 1 and self.cutoffs:
             blocks = tables.row_blocks if kernels.fast_kernels_enabled() else tables.row_blocks_reference
-            return blocks(table, self.bounds[i], self.bounds[i + 1]), bias, proj
-        return [table], bias, proj
+            return blocks(table, self.bounds[i], self.bounds[i + 1]), bias, proj, self._cluster_scale(i)
+        return [table], bias, proj, self._cluster_scale(i)
 
     def _project(self, hidden, proj):
         x = ops.cast(hidden, self.compute_dtype)
         return x if proj is None else ops.matmul(x, ops.transpose(ops.cast(proj, self.compute_dtype)))
 
-    def _logits_of(self, hidden, blocks, bias, proj):
+    def _logits_of(self, hidden, blocks, bias, proj, scale=None):
         """float32 logits `(n, rows)` of hidden rows `(n, hidden_dim)` against a cluster's
-        row `blocks`, `bias` and projection."""
+        row `blocks`, `bias` and projection (and the rows' `scale` of int8 blocks)."""
         x = self._project(hidden, proj)
         if kernels.fast_kernels_enabled():
-            return nll_kernels.table_logits(x, blocks, bias)
+            return nll_kernels.table_logits(x, blocks, bias, scale)
+        blocks = [ops.cast(block, self.compute_dtype) for block in blocks]
         table = ops.concatenate(blocks, axis=0) if len(blocks) > 1 else blocks[0]
-        logits = tables.rows_times_table_reference(x, ops.cast(table, self.compute_dtype))
-        return ops.cast(logits, "float32") + ops.cast(bias, "float32")
+        logits = ops.cast(tables.rows_times_table_reference(x, table), "float32")
+        return (logits if scale is None else logits / ops.cast(scale, "float32")) + ops.cast(bias, "float32")
 
     def _times_table(self, x, table):
         """`x @ table^T` with the whole table (`log_probs`): a few rows take its row pieces."""
         if not kernels.fast_kernels_enabled():
             return tables.rows_times_table_reference(x, ops.cast(table, self.compute_dtype))
+        if table.dtype == "int8":
+            return int8.times_table(x, table)
         return tables.rows_times_table(x, ops.cast(table, self.compute_dtype), pieces=True)
 
-    def _log_softmax_of(self, hidden, blocks, bias, proj):
-        return ops.log_softmax(self._logits_of(hidden, blocks, bias, proj), axis=-1)
+    def _log_softmax_of(self, hidden, blocks, bias, proj, scale=None):
+        return ops.log_softmax(self._logits_of(hidden, blocks, bias, proj, scale), axis=-1)
 
-    def _nll_of(self, hidden, targets, blocks, bias, proj):
+    def _nll_of(self, hidden, targets, blocks, bias, proj, scale=None):
         nll = kernels.sparse_nll if kernels.fast_kernels_enabled() else kernels.sparse_nll_reference
-        return nll(self._logits_of(hidden, blocks, bias, proj), targets)
+        return nll(self._logits_of(hidden, blocks, bias, proj, scale), targets)
 
     def _streamed_nll(self, i, hidden, targets, wait_for=None):
         """Cluster `i`'s NLL of `targets` (columns of its logits, the head's tail-cluster
@@ -227,14 +260,18 @@ class AdaptiveSoftmax(keras.layers.Layer):
         low = self.bounds[i] if self.div_val == 1 else 0
         extra = (self.cluster_W, self.cluster_b) if i == 0 and self.cutoffs else None
         return nll_kernels.streamed_nll(self._project(hidden, proj), table, bias, targets, low,
-                                        self.bounds[i + 1] - self.bounds[i], extra, wait_for)
+                                        self.bounds[i + 1] - self.bounds[i], extra, wait_for, self._cluster_scale(i))
 
     def _head_weights(self):
-        blocks, bias, proj = self._cluster_blocks(0)
+        blocks, bias, proj, scale = self._cluster_blocks(0)
         if self.cutoffs:
-            blocks = [ops.concatenate(blocks + [self.cluster_W], axis=0)]
+            if scale is None:
+                blocks = [ops.concatenate(blocks + [self.cluster_W], axis=0)]
+            else:  # the float tail-cluster rows beside the int8 ones, scale 1
+                blocks = blocks + [self.cluster_W]
+                scale = ops.concatenate([ops.cast(scale, "float32"), ops.ones((len(self.cutoffs),), "float32")])
             bias = ops.concatenate([bias, self.cluster_b], axis=0)
-        return blocks, bias, proj
+        return blocks, bias, proj, scale
 
     def _use_dense(self):
         if self.tail_mode == "auto":
@@ -291,6 +328,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
             table, _, proj = self.cluster_weights(0)
             x = self._project(flat, proj)
             logits = ops.cast(self._times_table(x, table), "float32")
+            if self.table_scale(0) is not None:
+                logits = logits / ops.cast(self.table_scale(0), "float32")
             clusters = [logits[:, low:high] + ops.cast(self.biases[i], "float32")
                         for i, (low, high) in enumerate(zip(self.bounds, self.bounds[1:]))]
             cluster_logits = ops.cast(ops.matmul(x, ops.transpose(ops.cast(self.cluster_W, self.compute_dtype))),

@@ -3,19 +3,20 @@
 import keras
 from keras import ops
 
-from txl_keras.layers import arguments
+from txl_keras.layers import arguments, quantization
 from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.replica_dropout import ReplicaDropout
 from txl_keras.layers.weight_initializers import copy_initializer
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class PositionwiseFeedForward(keras.layers.Layer):
+class PositionwiseFeedForward(quantization.QuantizableLayer, keras.layers.Layer):
     """Dense(ReLU) -> dropout -> Dense -> dropout -> residual -> layer norm.
 
     Both dense layers have biases (unlike the attention projections). Post-norm by
     default; with `pre_lnorm` the input is normalised first and the residual adds the
-    un-normalised input, as in the original PyTorch code.
+    un-normalised input, as in the original PyTorch code. `quantize("int8")` makes both
+    kernels int8 (Keras's `Dense` int8 weights; activations stay float).
 
     Args:
         inner_dim: int, `d_inner`.
@@ -57,12 +58,12 @@ class PositionwiseFeedForward(keras.layers.Layer):
             inner_dim,
             activation="relu",
             kernel_initializer=copy_initializer(self.kernel_initializer),
-            dtype=self.dtype_policy,
+            dtype=self.float_policy,
             name="layer_1",
         )
         self.layer_2 = None
-        self.inner_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
-        self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
+        self.inner_dropout = ReplicaDropout(dropout, dtype=self.float_policy)
+        self.output_dropout = ReplicaDropout(dropout, dtype=self.float_policy)
         self.layer_norm = LayerNorm(
             epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm"
         )
@@ -72,13 +73,30 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.layer_2 = keras.layers.Dense(
             hidden_dim,
             kernel_initializer=copy_initializer(self.kernel_initializer),
-            dtype=self.dtype_policy,
+            dtype=self.float_policy,
             name="layer_2",
         )
         self.layer_1.build(inputs_shape)
         self.layer_2.build(tuple(inputs_shape[:-1]) + (self.inner_dim,))
         self.layer_norm.build(inputs_shape)
         self.built = True
+        self._quantize_if_policy_says()
+
+    def _to_int8(self):
+        """Both `Dense` layers quantized by Keras to int8 kernels with per-column scales
+        (`kernel_scale`), activations left float (no input quantizer)."""
+        config = keras.quantizers.Int8QuantizationConfig(
+            weight_quantizer=keras.quantizers.AbsMaxQuantizer(axis=0), activation_quantizer=None)
+        for dense in (self.layer_1, self.layer_2):
+            if dense.quantization_mode is None:
+                dense.quantize("int8", config=config)
+
+    def _dense(self, dense, x):
+        """`dense(x)`; int8 kernels through `quantization.matmul` (on TensorFlow, one XLA product)."""
+        if dense.quantization_mode is None:
+            return dense(x)
+        y = quantization.matmul(x, dense.kernel, dense.kernel_scale) + ops.cast(dense.bias, x.dtype)
+        return y if dense.activation is None else dense.activation(y)
 
     def _norm(self, x):
         return ops.cast(self.layer_norm(ops.cast(x, "float32")), self.compute_dtype)
@@ -91,8 +109,8 @@ class PositionwiseFeedForward(keras.layers.Layer):
         # them apart: two more passes over the inner activations).
         shape = ops.shape(x)
         x = ops.reshape(x, (-1, shape[-1]))
-        x = self.inner_dropout(self.layer_1(x), training=training)
-        x = ops.reshape(self.output_dropout(self.layer_2(x), training=training), shape)
+        x = self.inner_dropout(self._dense(self.layer_1, x), training=training)
+        x = ops.reshape(self.output_dropout(self._dense(self.layer_2, x), training=training), shape)
         if self.pre_lnorm:
             return inputs + x
         return self._norm(inputs + x)

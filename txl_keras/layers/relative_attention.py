@@ -5,7 +5,7 @@ from keras import ops
 
 from txl_keras import kernels
 from txl_keras.kernels.attention import MASK_VALUE, position_scores_reference
-from txl_keras.layers import arguments, lora
+from txl_keras.layers import arguments, lora, quantization
 from txl_keras.layers.inference_cache import head_major
 from txl_keras.layers.layer_norm import LayerNorm
 from txl_keras.layers.replica_dropout import ReplicaDropout
@@ -16,7 +16,7 @@ SCORE_BYTES = 32 << 20
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class RelativeAttention(keras.layers.Layer):
+class RelativeAttention(quantization.QuantizableLayer, keras.layers.Layer):
     """Relative multi-head attention of Transformer-XL, with residual and layer norm.
 
     The segment `h` attends to `concat([memory, h])`. One fused bias-free projection
@@ -40,7 +40,9 @@ class RelativeAttention(keras.layers.Layer):
 
     `enable_lora(rank)` adapts the query, key, value and output projections (`qkv_kernel`,
     `o_kernel`) with low-rank adapters and freezes every other weight of the layer
-    (`txl_keras.layers.lora`); `merge_lora()` folds them into the kernels.
+    (`txl_keras.layers.lora`); `merge_lora()` folds them into the kernels. `quantize("int8")`
+    turns the three kernels into int8 values with per-column scales (`qkv_kernel_scale`, ...;
+    `txl_keras.layers.quantization`).
 
     `call` is the whole computation; `call_with_cache` is the same for frozen weights
     (evaluation, generation), where the memory is held as its keys and values
@@ -116,8 +118,8 @@ class RelativeAttention(keras.layers.Layer):
         self.pre_lnorm = arguments.boolean(layer, "pre_lnorm", pre_lnorm)
         self.layer_norm_epsilon = arguments.positive_float(layer, "layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.output_dropout = ReplicaDropout(dropout, dtype=self.dtype_policy)
-        self.probs_dropout = ReplicaDropout(attention_dropout, dtype=self.dtype_policy)
+        self.output_dropout = ReplicaDropout(dropout, dtype=self.float_policy)
+        self.probs_dropout = ReplicaDropout(attention_dropout, dtype=self.float_policy)
         self.layer_norm = LayerNorm(epsilon=layer_norm_epsilon, dtype="float32", name="layer_norm")
         if lora_rank is not None:
             arguments.positive_int(layer, "lora_rank", lora_rank)
@@ -141,6 +143,7 @@ class RelativeAttention(keras.layers.Layer):
         self.built = True
         if self.lora_rank is not None:
             self.enable_lora(self.lora_rank, self.lora_alpha)
+        self._quantize_if_policy_says()
 
     # -- low-rank adapters -----------------------------------------------------------------
 
@@ -190,25 +193,51 @@ class RelativeAttention(keras.layers.Layer):
         """The adapters `[qkv A, qkv B, o A, o B]` (empty without LoRA)."""
         return [w for name in ("qkv", "o") if name in self._adapters for w in self._adapters[name]]
 
-    def _kernel(self, name):
-        """`qkv_kernel` or `o_kernel` as the layer uses it: with its adapter added (LoRA)."""
+    # -- int8 weights ----------------------------------------------------------------------
+
+    def _to_int8(self):
+        """`qkv_kernel`, `o_kernel` and `r_kernel` as int8 values with per-column scales
+        (`layers.quantization`)."""
+        if self.lora_enabled:
+            raise ValueError(f"{type(self).__name__}: merge_lora() before quantize(): int8 kernels take no adapters.")
+        for name in ("qkv", "o", "r"):
+            if hasattr(self, f"{name}_kernel"):
+                kernel, scale = quantization.to_int8(self, getattr(self, f"{name}_kernel"), axis=0)
+                setattr(self, f"{name}_kernel", kernel)
+                setattr(self, f"{name}_kernel_scale", scale)
+
+    def _weights(self, name):
+        """`(kernel, scale)` of `qkv`, `o` or `r` as the layer uses it: a float kernel (with
+        its LoRA adapter added) and None, or int8 values and their per-column scale."""
         kernel = getattr(self, f"{name}_kernel")
-        if not self._adapters:
-            return kernel
-        return lora.adapted(kernel, self._adapters[name], self.lora_alpha / self.lora_rank, self.compute_dtype)
+        if self.quantization_mode == "int8":
+            return kernel, getattr(self, f"{name}_kernel_scale")
+        if name in self._adapters:
+            kernel = lora.adapted(kernel, self._adapters[name], self.lora_alpha / self.lora_rank, self.compute_dtype)
+        return kernel, None
+
+    def _qkv_weights(self):
+        """`_weights("qkv")` split into the queries' and the keys' and values' columns."""
+        kernel, scale = self._weights("qkv")
+        inner = self.num_heads * self.head_dim
+        q_kernel, kv_kernel = ops.split(kernel, [inner], axis=1)
+        if scale is None:
+            return (q_kernel, None), (kv_kernel, None)
+        q_scale, kv_scale = ops.split(scale, [inner], axis=0)
+        return (q_kernel, q_scale), (kv_kernel, kv_scale)
 
     # -- the paper's computation ---------------------------------------------------------
 
     def call(self, inputs, memory=None, position_encoding=None, content_bias=None, position_bias=None,
              position_score_bias=None, attention_mask=None, clamp_len=None, training=False):
-        q_kernel, kv_kernel = ops.split(self._kernel("qkv"), [self.num_heads * self.head_dim], axis=1)
+        q_weights, kv_weights = self._qkv_weights()
         rows = self._rows(inputs)
-        queries = self._heads(ops.matmul(rows, q_kernel))  # (H, B, T, Dh)
-        keys_values = ops.matmul(rows, kv_kernel)
+        queries = self._heads(quantization.matmul(rows, *q_weights))  # (H, B, T, Dh)
+        keys_values = quantization.matmul(rows, *kv_weights)
         if memory is not None:
             # The memory's rows by a product of their own: no gradient flows into the memory,
             # so only the kernel's gradient of this product is computed.
-            keys_values = ops.concatenate([ops.matmul(self._rows(memory), kv_kernel), keys_values], axis=1)
+            keys_values = ops.concatenate([quantization.matmul(self._rows(memory), *kv_weights), keys_values], axis=1)
         keys, values = (self._heads(x) for x in ops.split(keys_values, 2, axis=-1))  # (H, B, K, Dh) each
         position_keys, score_bias = self._position_keys(position_encoding, position_score_bias,
                                                         ops.shape(keys)[2], clamp_len)
@@ -342,7 +371,7 @@ class RelativeAttention(keras.layers.Layer):
         """Heads `(H, B, T, Dh)` -> projected, dropped out, added to `inputs` and normalised."""
         shape = ops.shape(attended)
         attended = ops.reshape(ops.transpose(attended, (1, 2, 0, 3)), (shape[1], shape[2], shape[0] * shape[3]))
-        output = self.output_dropout(ops.matmul(attended, self._kernel("o")), training=training)
+        output = self.output_dropout(quantization.matmul(attended, *self._weights("o")), training=training)
         if self.pre_lnorm:
             return inputs + output
         return ops.cast(self.layer_norm(ops.cast(inputs + output, "float32")), self.compute_dtype)
@@ -350,12 +379,12 @@ class RelativeAttention(keras.layers.Layer):
     def project_kv(self, inputs):
         """Keys and values of rows `(batch_size, L, hidden_dim)` -> `(batch_size, L, 2 * H
         * Dh)` (keys first), as the call computes them."""
-        return ops.matmul(self._rows(inputs), ops.split(self._kernel("qkv"), [self.num_heads * self.head_dim], axis=1)[1])
+        return quantization.matmul(self._rows(inputs), *self._qkv_weights()[1])
 
     def project_qkv(self, inputs):
         """Queries `(batch_size, L, H * Dh)` and keys and values `(batch_size, L, 2 * H *
         Dh)` of rows `(batch_size, L, hidden_dim)`, in one product with the whole kernel."""
-        qkv = ops.matmul(self._rows(inputs), self._kernel("qkv"))
+        qkv = quantization.matmul(self._rows(inputs), *self._weights("qkv"))
         return tuple(ops.split(qkv, [self.num_heads * self.head_dim], axis=-1))
 
     def project_positions(self, position_encoding):
@@ -364,7 +393,7 @@ class RelativeAttention(keras.layers.Layer):
         encoding = ops.cast(position_encoding, self.compute_dtype)
         # (K, H * Dh), transposed after the product (XLA:CPU compiled the product of two
         # transposed operands with more compiler and runtime memory)
-        keys = ops.transpose(ops.matmul(encoding, self.r_kernel))
+        keys = ops.transpose(quantization.matmul(encoding, *self._weights("r")))
         return ops.reshape(keys, (self.num_heads, self.head_dim, -1))
 
     def _position_keys(self, encoding, score_bias, key_length, clamp_len, stored=None):

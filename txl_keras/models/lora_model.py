@@ -54,17 +54,6 @@ class LoraModel:
         for layer in layers:
             layer.enable_lora(rank, lora_alpha)
 
-    def quantize(self, mode=None, **kwargs):
-        """Refused: Keras's `quantize` converts only layers it knows (here the feed-forward's
-        `Dense`), and would leave the attention and the adaptive embedding and softmax in
-        float, silently."""
-        known = ("int8", "int4", "float8", "gptq", "awq")
-        if mode not in known:
-            raise ValueError(f"Unknown quantization mode {mode!r}; Keras's modes are {', '.join(known)}.")
-        raise NotImplementedError(f"{type(self).__name__} does not quantize to {mode}: Keras would convert only the "
-                                  "feed-forward layers and leave the attention and the adaptive embedding and softmax "
-                                  "in float. Use the float model, or dtype='mixed_bfloat16' on CPUs with bf16 units.")
-
     def _lora_config(self):
         """The config entries of the adapters (none without them)."""
         return {} if self.lora_rank is None else {"lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}

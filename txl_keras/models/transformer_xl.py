@@ -15,6 +15,7 @@ from txl_keras.layers.transformer_xl_block import TransformerXLBlock
 from txl_keras.layers.weight_initializers import weight_initializer
 from txl_keras.models.config import TransformerXLConfig
 from txl_keras.models import layout_map
+from txl_keras.models.int8_model import Int8Model
 from txl_keras.models.lora_model import LoraModel
 
 
@@ -40,7 +41,7 @@ def as_config(config):
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXL(LoraModel, keras.Model):
+class TransformerXL(LoraModel, Int8Model, keras.Model):
     """Transformer-XL backbone: token ids (and memory) -> hidden states (and memory).
 
     Adaptive input embedding scaled by `sqrt(d_model)`, dropout, `n_layer`
@@ -62,6 +63,8 @@ class TransformerXL(LoraModel, keras.Model):
         batch_size: int, the per-replica batch size, required when `stateful`.
         lora_rank, lora_alpha: None, or the LoRA adapters the model is built with
             (`enable_lora`, `txl_keras.models.lora_model`).
+        quantization: None, or "int8": the model is built with int8 weights
+            (`quantize`, `txl_keras.models.int8_model`).
         **kwargs: `name`, `dtype` (a dtype policy such as "mixed_bfloat16").
 
     Call arguments:
@@ -92,7 +95,8 @@ class TransformerXL(LoraModel, keras.Model):
     # No SavedModel signature feeding float32 tokens (Keras's TF backend default); see TransformerXLLM.
     _default_save_signature = None
 
-    def __init__(self, config, stateful=False, batch_size=None, lora_rank=None, lora_alpha=None, **kwargs):
+    def __init__(self, config, stateful=False, batch_size=None, lora_rank=None, lora_alpha=None, quantization=None,
+                 **kwargs):
         super().__init__(**kwargs)
         config = as_config(config)
         self.config = config
@@ -145,6 +149,7 @@ class TransformerXL(LoraModel, keras.Model):
         )
         self.build()  # every shape is known from the config
         self._restore_lora(lora_rank, lora_alpha)
+        self._restore_quantization(quantization)
 
     def build(self, tokens_shape=None):
         if self.built:  # built on construction; the weights do not depend on the batch or time
@@ -493,6 +498,7 @@ class TransformerXL(LoraModel, keras.Model):
             "stateful": self.stateful,
             "batch_size": self.batch_size,
             **self._lora_config(),
+            **self._quantization_config(),
             **{k: v for k, v in super().get_config().items() if k in ("name", "trainable", "dtype")},
         }
 

@@ -6,12 +6,13 @@ from keras import ops
 from txl_keras.layers.adaptive_softmax import AdaptiveSoftmax
 from txl_keras.models.config import PRESETS, TransformerXLConfig
 from txl_keras.models import layout_map
+from txl_keras.models.int8_model import Int8Model
 from txl_keras.models.lora_model import LoraModel
 from txl_keras.models.transformer_xl import TransformerXL, as_config, as_ids, initializers
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXLLM(LoraModel, keras.Model):
+class TransformerXLLM(LoraModel, Int8Model, keras.Model):
     """Transformer-XL language model: `TransformerXL` + `AdaptiveSoftmax` head.
 
     The contract every other part of txl_keras relies on:
@@ -42,6 +43,8 @@ class TransformerXLLM(LoraModel, keras.Model):
         tail_mode: adaptive-softmax tail computation ("auto", "gather", "dense").
         lora_rank, lora_alpha: None, or the LoRA adapters the model is built with
             (`enable_lora`, `txl_keras.models.lora_model`).
+        quantization: None, or "int8": the model is built with int8 weights
+            (`quantize`, `txl_keras.models.int8_model`).
         **kwargs: `name`, `dtype` (a dtype policy such as "mixed_bfloat16").
 
     Call arguments:
@@ -68,7 +71,7 @@ class TransformerXLLM(LoraModel, keras.Model):
     _default_save_signature = None
 
     def __init__(self, config, stateful=False, batch_size=None, tail_mode="auto", lora_rank=None, lora_alpha=None,
-                 **kwargs):
+                 quantization=None, **kwargs):
         super().__init__(**kwargs)
         config = as_config(config)
         self.config = config
@@ -98,6 +101,7 @@ class TransformerXLLM(LoraModel, keras.Model):
         )
         self.build()
         self._restore_lora(lora_rank, lora_alpha)
+        self._restore_quantization(quantization)
 
     def build(self, tokens_shape=None):
         if self.built:  # built on construction (so Keras never traces it with placeholder inputs)
@@ -185,6 +189,7 @@ class TransformerXLLM(LoraModel, keras.Model):
             "batch_size": self.batch_size,
             "tail_mode": self.tail_mode,
             **self._lora_config(),
+            **self._quantization_config(),
             **{k: v for k, v in super().get_config().items() if k in ("name", "trainable", "dtype")},
         }
 

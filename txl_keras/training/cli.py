@@ -136,6 +136,9 @@ def origin():
                              "from plain weights: fold them in first (lm = TransformerXLCausalLM.from_preset(...); "
                              "lm.model.merge_lora_weights(); lm.save_to_preset(new_folder)) and start from that "
                              "folder.")
+        if dict(found.model_options).get("quantization") is not None:
+            raise ValueError(f"--init_from={FLAGS.init_from} holds int8 weights, which do not train; start from "
+                             "the float model it was quantized from.")
         _ORIGIN["preset"] = found
     return _ORIGIN.get("preset")
 
