@@ -114,17 +114,22 @@ def batch_worker(model, c, e, generate, rounds=3):
             "ratios": ratios, "rows": len(prompts)}
 
 
-def int8_worker(model, prompt, generate):
-    """Greedy generation of the float32 model and of a copy quantized to int8, side by side."""
+def int8_worker(model, prompt, generate, rounds=5):
+    """Greedy generation of the float32 model and of a copy quantized to int8, side by side:
+    each round measures both, their calls interleaved; the ratio is the median of the
+    rounds' ratios (the machine's speed drifts between rounds more than between the sides)."""
     from txl_keras import TransformerXLLM
 
     quantized = TransformerXLLM.from_config(model.get_config())
     quantized.set_weights(model.get_weights())
     quantized.quantize("int8")
-    sides = side_by_side([lambda n: generate(model, prompt, n, temperature=0),
-                          lambda n: generate(quantized, prompt, n, temperature=0)], 8, 40)
+    pairs = [side_by_side([lambda n: generate(model, prompt, n, temperature=0),
+                           lambda n: generate(quantized, prompt, n, temperature=0)], 8, 40) for _ in range(rounds)]
+    median = lambda values: float(np.median(values))  # noqa: E731
     nbytes = lambda m: sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in m.weights)  # noqa: E731
-    return {"s_per_token": sides[1][0], "fixed_s": sides[1][1], "float_s_per_token": sides[0][0],
+    return {"s_per_token": median([q[0] for _, q in pairs]), "fixed_s": median([q[1] for _, q in pairs]),
+            "float_s_per_token": median([f[0] for f, _ in pairs]),
+            "ratios": [f[0] / q[0] for f, q in pairs], "ratio": median([f[0] / q[0] for f, q in pairs]),
             "weight_bytes": nbytes(quantized), "float_weight_bytes": nbytes(model), "rows": 1}
 
 
@@ -262,7 +267,8 @@ def main():
               f"{r['s_per_token'] / r['task_s_per_token']:.2f}x the time")
     if "int8" in results:
         r = results["int8"]
-        print(f"int8 / float32 (greedy tokens/s, same process): {r['float_s_per_token'] / r['s_per_token']:.2f}x "
+        print(f"int8 / float32 (greedy tokens/s, same process, median of {len(r['ratios'])} rounds: "
+              f"{', '.join(f'{x:.2f}' for x in r['ratios'])}): {r['ratio']:.2f}x "
               f"(float32 {r['float_s_per_token'] * 1e3:.1f} ms per token); weights {r['weight_bytes'] / 1e6:.0f} MB, "
               f"float32's {r['float_weight_bytes'] / 1e6:.0f} MB ({r['weight_bytes'] / r['float_weight_bytes']:.3f}x)")
     for impl in ("baseline", "hf"):

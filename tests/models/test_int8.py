@@ -151,3 +151,21 @@ def test_bad_requests_get_one_clear_error(call, message):
     model = TransformerXLLM(TransformerXLConfig(**TIED))
     with pytest.raises(ValueError, match=message):
         call(model)
+
+
+def test_the_task_quantizes_its_model_and_its_compiled_steps_follow():
+    model, quantized = float_and_int8(TIED)
+    vocab = Vocabulary([f"w{i}" for i in range(TIED["n_token"])], level="word")
+    task = lambda m: TransformerXLCausalLM(m, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab), 6))  # noqa: E731
+    floats = model.get_weights()
+    lm = task(model)
+    text = "w5 w17 w250 w3 w99 w100 w201 w7 w8"
+    before = lm.score(text).log_likelihoods  # the scoring steps compiled with the float weights
+    lm.quantize("int8")
+    assert lm.model.quantization == "int8"
+    after = lm.score(text).log_likelihoods
+    reference = TransformerXLLM(TransformerXLConfig(**TIED))
+    reference.set_weights(floats)
+    expected = task(dequantized(reference, quantized)).score(text).log_likelihoods
+    np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-5)
+    assert np.abs(after - before).max() > 1e-4  # the int8 weights are what scored

@@ -212,6 +212,8 @@ def _with_inputs(sampler, inputs):
 
 
 def _compiled(model, key, make):
+    # A model quantized or given LoRA adapters since computes otherwise: its steps are traced again.
+    key = (getattr(model, "quantization", None), getattr(model, "lora_rank", None), key)
     compiled = _COMPILED.setdefault(model, {})
     if key not in compiled:
         compiled[key] = make()
@@ -455,11 +457,7 @@ def score(model, ids, mem_len=None, clamp_len=None, same_length=None, segment_le
         raise ValueError(f"Expected at least 2 tokens to score (the first is only context). Received {ids.shape[1]}")
     length = _check_count("segment_length", segment_length or config.tgt_len, 1)
     settings = config.with_memory(mem_len, clamp_len, same_length)
-    compiled = _COMPILED.setdefault(model, {})
-    key = ("score", settings.to_json())
-    if key not in compiled:
-        compiled[key] = _compiled_scorer(model, settings)
-    step = compiled[key]
+    step = _compiled(model, ("score", settings.to_json()), lambda: _compiled_scorer(model, settings))
     cache = model.init_cache(ids.shape[0], settings.mem_len, settings.clamp_len, segment_length=length)
     nll = []
     for start in range(0, ids.shape[1] - 1, length):

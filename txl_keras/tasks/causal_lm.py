@@ -149,6 +149,15 @@ class TransformerXLCausalLM(keras.Model):
         non-empty folder is refused. A local path's `~` is expanded."""
         return task_presets.write(preset_dir, self, self.model, self.model.config)
 
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """int8 weights for generation and scoring: the model's `quantize`
+        (`txl_keras.models.int8_model`; Keras's own would convert only the `Dense` layers)."""
+        self.model.quantize(mode, config=config, filters=filters, **kwargs)
+        self.train_function = self.test_function = self.predict_function = None
+
+    def _check_quantize_args(self, mode, compute_dtype):
+        """(Keras's checks before `quantize`, which asks the task to be built: the model checks.)"""
+
     def export(self, filepath, mem_len=None, clamp_len=None, same_length=None):
         """Write a SavedModel with the tokenizer's text functions and the in-graph
         `generate` (`serving_default`): see `txl_keras.export.export_saved_model`."""
