@@ -32,14 +32,15 @@ def float_and_int8(config):
 
 
 def dequantized(model, quantized):
-    """`model` given the quantized model's weights as float: each int8 array divided by its
-    scale (per column of a kernel, per row of a table), in numpy."""
+    """`model` given the quantized model's weights as float: each int8 row divided by its
+    scale (a table's rows; a kernel's, transposed back to `(in, out)`), in numpy."""
     weights = {w.path: to_np(w) for w in quantized.weights}
     for w in model.weights:
         if w.path + "_scale" in weights:
             q, scale = weights[w.path].astype(np.float64), weights[w.path + "_scale"].astype(np.float64)
+            rows = q / scale[:, None]
             is_table = w.path.endswith("lookup_table") or w.path.endswith("_weight")
-            w.assign((q / (scale[:, None] if is_table else scale[None, :])).astype("float32"))
+            w.assign((rows if is_table else rows.T).astype("float32"))
     return model
 
 

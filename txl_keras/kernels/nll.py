@@ -52,7 +52,7 @@ def table_logits(x, blocks, bias, scale=None):
     """float32 logits `(n, rows)` of rows `x` `(n, width)` against the row `blocks` of a
     table (concatenated: `(rows, width)`) plus `bias` `(rows,)`; int8 blocks hold a
     quantized table's values, whose logits are divided by the rows' `scale` `(rows,)`."""
-    parts = [int8.times_table(x, block) if block.dtype == "int8" else rows_times_table(x, ops.cast(block, x.dtype))
+    parts = [int8.times_rows(x, block) if block.dtype == "int8" else rows_times_table(x, ops.cast(block, x.dtype))
              for block in blocks]
     logits = ops.cast(ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0], "float32")
     if scale is not None:

@@ -100,7 +100,7 @@ class AdaptiveEmbedding(quantization.QuantizableLayer, keras.layers.Layer):
 
     def _to_int8(self):
         """Every table as int8 values with a scale per row (`layers.quantization`)."""
-        quantized = [quantization.to_int8(self, table, axis=1) for table in self.tables]
+        quantized = [quantization.to_int8(self, table) for table in self.tables]
         self.tables = [values for values, _ in quantized]
         self.table_scales = [scale for _, scale in quantized]
 

@@ -186,7 +186,7 @@ class AdaptiveSoftmax(quantization.QuantizableLayer, keras.layers.Layer):
                              "first (the models' quantize() does both).")
         for i, table in enumerate(self.own_tables):
             if table is not None:
-                self.own_tables[i], self.own_table_scales[i] = quantization.to_int8(self, table, axis=1)
+                self.own_tables[i], self.own_table_scales[i] = quantization.to_int8(self, table)
 
     def cluster_weights(self, i):
         """`(table, bias, projection)` of cluster `i`; projection may be None."""
@@ -242,7 +242,7 @@ class AdaptiveSoftmax(quantization.QuantizableLayer, keras.layers.Layer):
         if not kernels.fast_kernels_enabled():
             return tables.rows_times_table_reference(x, ops.cast(table, self.compute_dtype))
         if table.dtype == "int8":
-            return int8.times_table(x, table)
+            return int8.times_rows(x, table)
         return tables.rows_times_table(x, ops.cast(table, self.compute_dtype), pieces=True)
 
     def _log_softmax_of(self, hidden, blocks, bias, proj, scale=None):

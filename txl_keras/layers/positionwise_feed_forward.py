@@ -16,7 +16,7 @@ class PositionwiseFeedForward(quantization.QuantizableLayer, keras.layers.Layer)
     Both dense layers have biases (unlike the attention projections). Post-norm by
     default; with `pre_lnorm` the input is normalised first and the residual adds the
     un-normalised input, as in the original PyTorch code. `quantize("int8")` makes both
-    kernels int8 (Keras's `Dense` int8 weights; activations stay float).
+    kernels int8 rows (`quantization.QuantizableDense`; activations stay float).
 
     Args:
         inner_dim: int, `d_inner`.
@@ -54,7 +54,7 @@ class PositionwiseFeedForward(quantization.QuantizableLayer, keras.layers.Layer)
         self.pre_lnorm = arguments.boolean(layer, "pre_lnorm", pre_lnorm)
         self.layer_norm_epsilon = arguments.positive_float(layer, "layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.layer_1 = keras.layers.Dense(
+        self.layer_1 = quantization.QuantizableDense(
             inner_dim,
             activation="relu",
             kernel_initializer=copy_initializer(self.kernel_initializer),
@@ -70,7 +70,7 @@ class PositionwiseFeedForward(quantization.QuantizableLayer, keras.layers.Layer)
 
     def build(self, inputs_shape):
         hidden_dim = inputs_shape[-1]
-        self.layer_2 = keras.layers.Dense(
+        self.layer_2 = quantization.QuantizableDense(
             hidden_dim,
             kernel_initializer=copy_initializer(self.kernel_initializer),
             dtype=self.float_policy,
@@ -83,20 +83,11 @@ class PositionwiseFeedForward(quantization.QuantizableLayer, keras.layers.Layer)
         self._quantize_if_policy_says()
 
     def _to_int8(self):
-        """Both `Dense` layers quantized by Keras to int8 kernels with per-column scales
-        (`kernel_scale`), activations left float (no input quantizer)."""
-        config = keras.quantizers.Int8QuantizationConfig(
-            weight_quantizer=keras.quantizers.AbsMaxQuantizer(axis=0), activation_quantizer=None)
+        """Both dense layers' kernels as int8 rows with a scale per output column
+        (`quantization.QuantizableDense`)."""
         for dense in (self.layer_1, self.layer_2):
             if dense.quantization_mode is None:
-                dense.quantize("int8", config=config)
-
-    def _dense(self, dense, x):
-        """`dense(x)`; int8 kernels through `quantization.matmul` (on TensorFlow, one XLA product)."""
-        if dense.quantization_mode is None:
-            return dense(x)
-        y = quantization.matmul(x, dense.kernel, dense.kernel_scale) + ops.cast(dense.bias, x.dtype)
-        return y if dense.activation is None else dense.activation(y)
+                dense.quantize("int8")
 
     def _norm(self, x):
         return ops.cast(self.layer_norm(ops.cast(x, "float32")), self.compute_dtype)
@@ -109,8 +100,8 @@ class PositionwiseFeedForward(quantization.QuantizableLayer, keras.layers.Layer)
         # them apart: two more passes over the inner activations).
         shape = ops.shape(x)
         x = ops.reshape(x, (-1, shape[-1]))
-        x = self.inner_dropout(self._dense(self.layer_1, x), training=training)
-        x = ops.reshape(self.output_dropout(self._dense(self.layer_2, x), training=training), shape)
+        x = self.inner_dropout(self.layer_1(x), training=training)
+        x = ops.reshape(self.output_dropout(self.layer_2(x), training=training), shape)
         if self.pre_lnorm:
             return inputs + x
         return self._norm(inputs + x)

@@ -1,18 +1,21 @@
 """int8 weights (Keras's `quantize("int8")`) for the layers of Transformer-XL.
 
-A quantized weight keeps its name and shape with int8 values `q = round(w * scale)`, and its
-`scale` beside it as `{name}_scale` (float32): per output column of a kernel `(in, out)` (as
-Keras's `Dense` does), per row of an embedding table `(rows, width)` (one scale serves the
-row's lookup and its logit in a tied softmax). Activations stay float: a product is
-`(x @ q) / scale`, so the only error is the weights' rounding (at most half a step of
-`max|w| / 127` per column or row), and generation, which reads every weight once per token,
-reads a quarter of the bytes.
+Every quantized weight is a table of int8 rows `q = round(w * scale)` with a float32 `scale`
+per row, `{name}_scale` beside it: an embedding table `(rows, width)` as it is (one scale
+serves a row's lookup and its logit in a tied softmax), a kernel `(in, out)` transposed to
+`(out, in)`, so that its scale is per output column, as Keras's `Dense` scales. Activations
+stay float: a product is `(x @ q^T) / scale`, so the only error is the weights' rounding (at
+most half a step of `max|w| / 127` per row), and generation, which reads every weight once
+per token, reads a quarter of the bytes. (Kept as rows, an int8 weight is read along its
+contiguous axis: CPU products of a few rows of `x` stream it fastest so, and XLA fuses the
+conversion to float into such products only.)
 """
 
 import keras
 import numpy as np
 from keras import ops
 
+from txl_keras import kernels
 from txl_keras.kernels import int8
 
 MODES = ("int8",)
@@ -34,11 +37,13 @@ def quantize_values(values, axis):
     return q, np.squeeze(scale, axis).astype(np.float32)
 
 
-def to_int8(layer, variable, axis):
-    """Replace `variable` of `layer` by its int8 values (same name, not trainable) and add
-    their scale `{name}_scale`: returns `(values, scale)`, the new variables."""
-    q, scale = quantize_values(variable.value, axis)
-    name, shape = variable.name, tuple(variable.shape)
+def to_int8(layer, variable, transpose=False):
+    """Replace `variable` of `layer` by its int8 rows (same name, not trainable; a kernel's
+    transposed with `transpose`) and add their scale `{name}_scale`: returns `(values,
+    scale)`, the new variables."""
+    values = keras.ops.convert_to_numpy(variable.value)
+    q, scale = quantize_values(values.T if transpose else values, axis=1)
+    name, shape = variable.name, q.shape
     unlocked = layer._tracker.locked
     layer._tracker.unlock()
     try:
@@ -55,10 +60,11 @@ def to_int8(layer, variable, axis):
 
 def matmul(x, kernel, scale=None):
     """`x @ kernel` for rows `x` `(..., in)`: of a float `kernel` `(in, out)` as it is, of
-    an int8 kernel by its values `kernel / scale` (`scale` `(out,)`)."""
+    an int8 one by its rows `(out, in)` and their `scale` `(out,)`."""
     if scale is None:
         return ops.matmul(x, kernel)
-    return int8.matmul(x, kernel) / ops.cast(scale, x.dtype)
+    product = int8.times_rows if kernels.fast_kernels_enabled() else int8.times_rows_reference
+    return product(x, kernel) / ops.cast(scale, x.dtype)
 
 
 def take_rows(table, ids, scale=None):
@@ -103,3 +109,34 @@ class QuantizableLayer:
         check_mode(type(self).__name__, mode)
         self._to_int8()
         self._mark_int8()
+
+
+@keras.saving.register_keras_serializable(package="txl_keras")
+class QuantizableDense(keras.layers.Dense):
+    """Keras's `Dense` whose int8 form is this module's: `quantize("int8")` keeps the
+    kernel as int8 rows `(units, in)` with `kernel_scale` `(units,)` and activations float
+    (Keras's own int8 `Dense` keeps `(in, units)` and quantizes its inputs too). Saved as
+    Keras saves an int8 `Dense`: kernel, bias, kernel_scale. Shapes as `Dense`'s."""
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        check_mode(type(self).__name__, mode)
+        q, scale = quantize_values(keras.ops.convert_to_numpy(self._kernel.value).T, axis=1)
+        shape = tuple(self._kernel.shape)
+        del self._kernel
+        self.quantized_build(shape, mode)
+        self._kernel.assign(q)
+        self.kernel_scale.assign(scale)
+        self.dtype_policy = f"int8_from_{self.dtype_policy.name}"
+
+    def _int8_build(self, kernel_shape, config=None):
+        self.inputs_quantizer = None
+        self._kernel = self.add_weight(name="kernel", shape=(kernel_shape[1], kernel_shape[0]), initializer="zeros",
+                                       dtype="int8", trainable=False)
+        self.kernel_scale = self.add_weight(name="kernel_scale", shape=(self.units,), initializer="ones",
+                                            trainable=False)
+
+    def _int8_call(self, inputs, training=None):
+        x = matmul(inputs, self._kernel, self.kernel_scale)
+        if self.bias is not None:
+            x = x + ops.cast(self.bias, x.dtype)
+        return x if self.activation is None else self.activation(x)

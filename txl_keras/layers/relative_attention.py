@@ -196,19 +196,19 @@ class RelativeAttention(quantization.QuantizableLayer, keras.layers.Layer):
     # -- int8 weights ----------------------------------------------------------------------
 
     def _to_int8(self):
-        """`qkv_kernel`, `o_kernel` and `r_kernel` as int8 values with per-column scales
-        (`layers.quantization`)."""
+        """`qkv_kernel`, `o_kernel` and `r_kernel` as int8 rows `(out, in)` with a scale per
+        output column (`layers.quantization`)."""
         if self.lora_enabled:
             raise ValueError(f"{type(self).__name__}: merge_lora() before quantize(): int8 kernels take no adapters.")
         for name in ("qkv", "o", "r"):
             if hasattr(self, f"{name}_kernel"):
-                kernel, scale = quantization.to_int8(self, getattr(self, f"{name}_kernel"), axis=0)
+                kernel, scale = quantization.to_int8(self, getattr(self, f"{name}_kernel"), transpose=True)
                 setattr(self, f"{name}_kernel", kernel)
                 setattr(self, f"{name}_kernel_scale", scale)
 
     def _weights(self, name):
         """`(kernel, scale)` of `qkv`, `o` or `r` as the layer uses it: a float kernel (with
-        its LoRA adapter added) and None, or int8 values and their per-column scale."""
+        its LoRA adapter added) and None, or its int8 rows `(out, in)` and their scale."""
         kernel = getattr(self, f"{name}_kernel")
         if self.quantization_mode == "int8":
             return kernel, getattr(self, f"{name}_kernel_scale")
@@ -220,11 +220,9 @@ class RelativeAttention(quantization.QuantizableLayer, keras.layers.Layer):
         """`_weights("qkv")` split into the queries' and the keys' and values' columns."""
         kernel, scale = self._weights("qkv")
         inner = self.num_heads * self.head_dim
-        q_kernel, kv_kernel = ops.split(kernel, [inner], axis=1)
         if scale is None:
-            return (q_kernel, None), (kv_kernel, None)
-        q_scale, kv_scale = ops.split(scale, [inner], axis=0)
-        return (q_kernel, q_scale), (kv_kernel, kv_scale)
+            return tuple((k, None) for k in ops.split(kernel, [inner], axis=1))
+        return tuple(zip(ops.split(kernel, [inner], axis=0), ops.split(scale, [inner], axis=0)))
 
     # -- the paper's computation ---------------------------------------------------------
 
