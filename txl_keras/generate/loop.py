@@ -36,6 +36,7 @@ __all__ = ["beam_search", "generate", "score", "stream"]
 BUILT_IN_SAMPLERS = (GreedySampler, RandomSampler, TopKSampler, TopPSampler)
 DECODE_CHUNK = 64  # new tokens per compiled call of the token loop
 _COMPILED = weakref.WeakKeyDictionary()  # model -> {generation or scoring settings: compiled steps}
+_COMPILED_STATE = weakref.WeakKeyDictionary()  # model -> (its quantization, its LoRA rank) when they were traced
 PROGRESS_AFTER_S = 2.0  # a beam search running longer logs its step after each piece
 PIECE_S = 1.0  # a beam search sizes its pieces to about this long (at most DECODE_CHUNK steps)
 logger = logging.getLogger(__name__)
@@ -212,9 +213,12 @@ def _with_inputs(sampler, inputs):
 
 
 def _compiled(model, key, make):
-    # A model quantized or given LoRA adapters since computes otherwise: its steps are traced again.
-    key = (getattr(model, "quantization", None), getattr(model, "lora_rank", None), key)
     compiled = _COMPILED.setdefault(model, {})
+    # A model quantized or given LoRA adapters since computes otherwise: its steps are traced again.
+    state = (getattr(model, "quantization", None), getattr(model, "lora_rank", None))
+    if _COMPILED_STATE.get(model, state) != state:
+        compiled.clear()
+    _COMPILED_STATE[model] = state
     if key not in compiled:
         compiled[key] = make()
     return compiled[key]

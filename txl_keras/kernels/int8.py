@@ -26,7 +26,9 @@ def times_rows_reference(x, rows):
 def _compiled_times_rows():
     import tensorflow as tf
 
-    @tf.function(jit_compile=True, autograph=False)
+    # (reduce_retracing: one trace serves every shape of weights and rows of `x`, which XLA
+    # compiles once each when it first meets them)
+    @tf.function(jit_compile=True, autograph=False, reduce_retracing=True)
     def times_rows(x, rows):
         # (rows @ x^T)^T: the rows streamed past a few rows of x (kernels.tables.rows_times_table)
         return tf.transpose(tf.matmul(tf.cast(rows, x.dtype), x, transpose_b=True))
