@@ -23,6 +23,8 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3.8", "huggingface_hub>=0.24", "kagglehub>=0.3"],
         "jax": ["jax[cpu]>=0.4.30"],
+        # the JAX route on a TPU VM: JAX with libtpu (TensorFlow drives TPUs only up to 2.20)
+        "tpu": ["jax[tpu]>=0.4.30"],
         "tensorboard": ["tensorboard"],
         # hf:// and kaggle:// presets: the hubs' own clients fetch and publish them
         "hub": ["huggingface_hub>=0.24", "kagglehub>=0.3"],

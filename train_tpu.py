@@ -16,6 +16,7 @@ startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported wit
 from absl import app, flags  # noqa: E402,I001
 
 from txl_keras.training import cli
+from txl_keras.training.tpu_versions import tensorflow_drives_tpus
 from txl_keras.training.watchdog import Watchdog
 
 cli.define_flags()
@@ -42,6 +43,10 @@ def connect_tpu():
     if not tpu:
         raise NoTPUError("No TPU given: pass --tpu=NAME (with --tpu_zone and --gcp_project), "
                          "--tpu=grpc://HOST:8470, or --tpu=local on a TPU VM. For GPUs or CPUs use train_gpu.py.")
+    if not tensorflow_drives_tpus(tf.__version__):
+        raise NoTPUError(f"TensorFlow {tf.__version__} cannot drive TPUs (TensorFlow's TPU support ends with "
+                         "tensorflow-tpu 2.20): train on the JAX backend with keras.distribution (docs/tpu.md; "
+                         'pip install -e ".[tpu]"), or install tensorflow-tpu==2.19.1 for this program.')
     if tpu == "local" and not _local_tpu_present():
         raise NoTPUError("--tpu=local but this machine has no TPU devices (/dev/accel*); run on a TPU VM, "
                          "or use train_gpu.py.")

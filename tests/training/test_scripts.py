@@ -16,6 +16,7 @@ from helpers import ROOT, build, env, run, train_command
 from programs import in_process
 
 from txl_keras import run_folder as checkpoints
+from txl_keras.training.tpu_versions import tensorflow_drives_tpus
 
 
 def final_weights(model_dir):
@@ -32,7 +33,20 @@ def test_unknown_flags_and_missing_tpu_are_reported_clearly(tmp_path):
     tpu = run([sys.executable, os.path.join(ROOT, "train_tpu.py")], timeout=60)
     assert tpu.returncode != 0 and "No TPU given: pass --tpu=NAME" in tpu.stderr
     local = run([sys.executable, os.path.join(ROOT, "train_tpu.py"), "--tpu=local"], timeout=60)
-    assert local.returncode != 0 and "has no TPU devices" in local.stderr
+    import tensorflow as tf
+
+    if tensorflow_drives_tpus(tf.__version__):
+        assert local.returncode != 0 and "has no TPU devices" in local.stderr
+    else:  # a TensorFlow past TPU support: one line naming both ways out
+        assert local.returncode != 0 and f"TensorFlow {tf.__version__} cannot drive TPUs" in local.stderr
+        assert "JAX backend" in local.stderr and "tensorflow-tpu==2.19.1" in local.stderr
+        assert "Traceback" not in local.stderr
+
+
+def test_the_tensorflow_versions_that_drive_tpus():
+    assert tensorflow_drives_tpus("2.19.1") and tensorflow_drives_tpus("2.20.0")
+    assert not tensorflow_drives_tpus("2.21.0") and not tensorflow_drives_tpus("2.22.0rc1")
+    assert not tensorflow_drives_tpus("3.0.0")
 
 
 def free_port():
