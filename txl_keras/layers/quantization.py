@@ -31,10 +31,8 @@ def quantize_values(values, axis):
     """`(q, scale)` of a float array: int8 `q` of `values`' shape and float32 `scale`
     (`values` reduced over `axis`), `values ~= q / scale` (scale expanded over `axis`)."""
     values = np.asarray(keras.ops.convert_to_numpy(values), np.float32)
-    top = np.max(np.abs(values), axis=axis, keepdims=True)
-    scale = 127.0 / np.maximum(top, 1e-12)
-    q = np.clip(np.round(values * scale), -127, 127).astype(np.int8)
-    return q, np.squeeze(scale, axis).astype(np.float32)
+    q, scale = keras.quantizers.abs_max_quantize(values, axis, to_numpy=True)  # scale 127 / max|values|
+    return keras.ops.convert_to_numpy(q), np.squeeze(keras.ops.convert_to_numpy(scale), axis).astype(np.float32)
 
 
 def to_int8(layer, variable, transpose=False):

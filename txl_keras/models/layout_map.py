@@ -17,7 +17,9 @@ from txl_keras.layers.adaptive_clusters import cluster_bounds
 def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch", config=None):
     """A `keras.distribution.LayoutMap` of the weights' paths (regular expressions matching
     `TransformerXL`'s and `TransformerXLLM`'s, whatever the model's name) for `device_mesh`,
-    whose axes include `model_parallel_dim_name`. `data_parallel_dim_name` is accepted for
+    whose axes include `model_parallel_dim_name`: the attention heads, the feed-forward's inner
+    dimension and the adaptive clusters' vocabulary rows are split over that axis (with
+    `config`, only what divides by it). Both models' static `get_layout_map`. `data_parallel_dim_name` is accepted for
     KerasHub's signature; the data's layout is the distribution's `batch_dim_name`."""
     del data_parallel_dim_name
     if model_parallel_dim_name not in device_mesh.axis_names:

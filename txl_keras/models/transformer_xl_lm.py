@@ -131,13 +131,8 @@ class TransformerXLLM(LoraModel, Int8Model, keras.Model):
                              f"model loads with txl_keras.TransformerXLCausalLM.from_preset({preset!r}).model.")
         return cls(TransformerXLConfig.from_preset(preset), **kwargs)
 
-    @staticmethod
-    def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch", config=None):
-        """The `keras.distribution.LayoutMap` that shards this model's attention heads, its
-        feed-forward's inner dimension and its adaptive clusters' vocabulary rows across the
-        mesh's model axis (`txl_keras.models.layout_map`); give `config` to shard only what
-        divides by that axis."""
-        return layout_map.get_layout_map(device_mesh, model_parallel_dim_name, data_parallel_dim_name, config)
+    # KerasHub's `Backbone.get_layout_map(device_mesh, ...)`: see `txl_keras.models.layout_map`.
+    get_layout_map = staticmethod(layout_map.get_layout_map)
 
     def init_cache(self, batch_size, mem_len=None, clamp_len=None, segment_length=None):
         """An `InferenceCache` of an empty memory (see `TransformerXL.init_cache`)."""
