@@ -15,8 +15,7 @@ from hub_server import serve
 import txl_keras
 from tf_records.vocabulary import Vocabulary
 from txl_keras import (TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLClassifier,
-                       TransformerXLClassifierPreprocessor, TransformerXLConfig, TransformerXLLM,
-                       TransformerXLTokenizer, hub)
+                       TransformerXLConfig, TransformerXLLM, TransformerXLTokenizer, hub)
 from txl_keras.run_folder import RunFolderError
 
 VOCAB = Vocabulary(sorted("abcdefgh \n"), level="char")
