@@ -9,7 +9,7 @@ from txl_io.lazy_names import lazy_names
 
 # public name -> the module that holds it
 _HOMES = {
-    "NonFiniteLossError": "txl_keras.training.trainer",
+    "NonFiniteLossError": "txl_keras.training.loop",
     "RUN_PRESETS": "txl_keras.training.train_config",
     "TrainConfig": "txl_keras.training.train_config",
     "Trainer": "txl_keras.training.trainer",

@@ -426,7 +426,7 @@ def copy_vocabulary(tc):
 
 def train(trainer, tc, log):
     """Train (evaluating before, if the run starts afresh, and after); the results."""
-    from txl_keras.training.trainer import NonFiniteLossError
+    from txl_keras.training.loop import NonFiniteLossError
 
     results = {}
     if FLAGS.do_eval and not run_folder.latest_checkpoint(tc.model_dir)[1]:
@@ -438,7 +438,7 @@ def train(trainer, tc, log):
         log(str(e))
         sys.exit(2)
     if FLAGS.do_eval:
-        step = int(trainer.step.numpy())
+        step = trainer.current_step
         if trainer.last_eval and trainer.last_eval[0] == step:
             results["after"] = trainer.last_eval[1]  # --eval_steps just evaluated this step
         else:
