@@ -6,6 +6,10 @@
 One machine: MirroredStrategy over its GPUs (or --num_core_per_host logical CPUs), one
 CPU otherwise. Several machines: set TF_CONFIG as for MultiWorkerMirroredStrategy on
 each worker; every worker runs the same command.
+
+On the JAX backend (KERAS_BACKEND=jax) the same flags train under keras.distribution:
+--mesh lays out the devices, and several machines run the same command with
+--coordinator_address, --num_processes and each its own --process_id.
 """
 
 import json
@@ -17,12 +21,10 @@ startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported wit
 
 from absl import app, flags  # noqa: E402,I001
 
-from txl_keras.training import cli
+from txl_keras.training import cli, jax_route
 from txl_keras.training.watchdog import Watchdog
 
 cli.define_flags()
-program.define("integer", "startup_timeout", 300, "Seconds to wait for all workers to join.", "distribution",
-               lower_bound=1)
 program.define("integer", "collective_timeout", 600, "Seconds before a collective with a dead peer fails.",
                "distribution", lower_bound=1)
 FLAGS = flags.FLAGS
@@ -57,7 +59,15 @@ def make_strategy():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    strategy, num_hosts, is_chief = make_strategy()
+    import keras
+
+    backend = keras.backend.backend()
+    jax_route.check_flags(FLAGS, backend)
+    if backend == "jax":
+        num_hosts, is_chief = jax_route.start_processes(FLAGS)
+        strategy = None  # the keras.distribution of --mesh
+    else:
+        strategy, num_hosts, is_chief = make_strategy()
     cli.run(strategy, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
 
 

@@ -3,6 +3,8 @@
     python train_tpu.py --tpu=local --config=wt103_large --data_dir=gs://bucket/wt103 ...
 
 The loop, flags and checkpoints are the ones of train_gpu.py; only the strategy differs.
+On the JAX backend (KERAS_BACKEND=jax, the route for TensorFlow 2.21 and later) every host
+of the TPU VM or pod slice runs the same command, and --mesh lays out the devices.
 Without a reachable TPU it stops within seconds with a message saying what to pass.
 """
 
@@ -15,7 +17,7 @@ startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported wit
 
 from absl import app, flags  # noqa: E402,I001
 
-from txl_keras.training import cli
+from txl_keras.training import cli, jax_route
 from txl_keras.training.tpu_versions import tensorflow_drives_tpus
 from txl_keras.training.watchdog import Watchdog
 
@@ -64,9 +66,39 @@ def connect_tpu():
     return strategy, strategy.extended.num_hosts
 
 
+def start_jax():
+    """`(num_hosts, is_chief)` of a TPU VM or pod slice on JAX, or NoTPUError with what to do."""
+    import jax
+
+    if FLAGS.tpu not in (None, "local"):
+        raise NoTPUError(f"--tpu={FLAGS.tpu} names a TPU for TensorFlow; on JAX run this command on the TPU VM "
+                         "itself (on every host of a pod slice), without --tpu.")
+    try:
+        num_hosts, is_chief = jax_route.start_processes(FLAGS, on_tpu_pod=True)
+    except (ValueError, RuntimeError) as e:
+        raise NoTPUError(f"JAX found no TPU pod to join ({str(e).splitlines()[0]}); run on a TPU VM, or use "
+                         "train_gpu.py on GPUs and CPUs.") from None
+    platform = jax.devices()[0].platform
+    if platform != "tpu":
+        raise NoTPUError(f"JAX sees no TPU here (its devices are {platform}); run on a TPU VM, or use train_gpu.py "
+                         "on GPUs and CPUs.")
+    return num_hosts, is_chief
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    import keras
+
+    backend = keras.backend.backend()
+    jax_route.check_flags(FLAGS, backend)
+    if backend == "jax":  # keras.distribution over the TPU's devices (--mesh)
+        try:
+            num_hosts, is_chief = start_jax()
+        except NoTPUError as e:
+            raise SystemExit(f"error: {e}")
+        cli.run(None, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
+        return
     try:
         strategy, num_hosts = connect_tpu()
     except NoTPUError as e:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_keras.training.optimizer import Adam
+from txl_keras.training.optimizer import Adam, adam_update
 from txl_keras.schedules import learning_rate
 
 
@@ -45,3 +45,19 @@ def test_adam_matches_numpy_reference():
         x = x - alpha * m / (np.sqrt(v) + 1e-8)
         np.testing.assert_allclose(var.numpy(), x, rtol=1e-5, atol=1e-6)
     assert int(adam.iterations.numpy()) == 5
+
+
+def test_the_keras_ops_adam_step_is_the_fused_kernels():
+    # The JAX trainer's Adam (keras.ops) beside TensorFlow's fused kernel, step by step.
+    rng = np.random.default_rng(1)
+    init = rng.normal(size=(4, 3)).astype("float32")
+    var = tf.Variable(init)
+    fused = Adam([var])
+    x, m, v = init, np.zeros_like(init), np.zeros_like(init)
+    for t in range(1, 5):
+        g = rng.normal(size=(4, 3)).astype("float32")
+        fused.apply([tf.constant(g)], tf.constant(0.003))
+        x, m, v = (np.asarray(a) for a in adam_update(x, g, m, v, t, 0.003))
+        np.testing.assert_allclose(x, var.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(m, fused.m[0].numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(v, fused.v[0].numpy(), rtol=3e-5, atol=1e-9)

@@ -13,6 +13,7 @@ TensorFlow's modules (the trainer, evaluation, the records) are imported by the 
 that run the job, so that defining the flags and `--help` import no TensorFlow.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,6 +28,7 @@ from tf_records.vocabulary import Vocabulary
 from txl_keras import run_folder
 from txl_keras.models import sizes
 from txl_keras.models.config import PRESETS, TransformerXLConfig
+from txl_keras.training import jax_route
 from txl_keras.releases import RELEASES
 from txl_keras.training.train_config import QUICKSTART, RUN_PRESETS, TrainConfig
 
@@ -81,6 +83,18 @@ def define_flags():
            lower_bound=1)
     define("integer", "num_core_per_host", None, "Replicas per host (default: all local devices).",
            "distribution", lower_bound=1)
+    define("integer", "startup_timeout", 300, "Seconds to wait for all workers (JAX: processes) to join.",
+           "distribution", lower_bound=1)
+    define("string", "mesh", None, "JAX backend: the device mesh, 'batch:N' (N data-parallel replicas) or "
+           "'batch:N,model:M' (each replica split over M devices by TransformerXLLM.get_layout_map); N x M must "
+           "be every device of every process (default: batch:<all devices>).", "distribution")
+    define("string", "coordinator_address", None, "JAX backend, several processes: HOST:PORT of process 0 (with "
+           "--num_processes and --process_id; on a TPU pod the hosts find each other without them).",
+           "distribution")
+    define("integer", "num_processes", None, "JAX backend: how many processes take part (one per host).",
+           "distribution", lower_bound=1)
+    define("integer", "process_id", None, "JAX backend: this process's index, from 0.", "distribution",
+           lower_bound=0)
     define("string", "eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).", "evaluation")
     define("integer", "start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.", "evaluation",
            lower_bound=0)
@@ -295,9 +309,9 @@ def prepare_data(tc, num_core_per_host, log):
 def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     """Train and/or evaluate under `strategy`, as the flags say. Returns the eval results.
 
-    `compiled=True` (train_tpu.py) compiles every step with XLA whatever --xla says."""
-    from txl_keras.training.trainer import Trainer
-
+    `strategy` None: the JAX backend, under the `keras.distribution` of `--mesh`
+    (`jax_route`). `compiled=True` (train_tpu.py) compiles every step with XLA whatever
+    --xla says (on JAX every step is)."""
     if FLAGS.num_hosts != num_hosts:
         raise ValueError(f"--num_hosts={FLAGS.num_hosts}, but this run has {num_hosts} host(s) (on GPUs and CPUs the "
                          "workers TF_CONFIG's cluster lists; on TPUs the pod's hosts): give the cluster, or "
@@ -310,7 +324,10 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     check_paths(tc)
     check_model_flags()
     check_run_folder(tc)
-    cores = strategy.num_replicas_in_sync // num_hosts
+    on_jax = strategy is None
+    if on_jax:
+        compiled = True
+    cores = (jax_route.replicas(FLAGS) if on_jax else strategy.num_replicas_in_sync) // num_hosts
     if is_chief:  # only the chief builds missing default records; other workers read them
         prepare_data(tc, cores, log)
     corpus_info = load_corpus_info(files.dirname(FLAGS.corpus_info_path) if FLAGS.corpus_info_path
@@ -319,13 +336,14 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     config = model_config(corpus_info)
     if FLAGS.check_memory:
         check_memory(config, tc, cores, compiled)
-    trainer = Trainer(strategy, config, tc, num_hosts=num_hosts, is_chief=is_chief, log=log, compiled=compiled)
+    trainer = make_trainer(strategy, config, tc, num_hosts, is_chief, log, compiled)
     if FLAGS.do_eval_only:
         return evaluate_checkpoints(trainer, log)
     if not FLAGS.do_train:  # evaluation never writes into the run folder
         return evaluate(trainer, tc, log)
     trainer.train_records()  # records of another layout: refused before the run folder is written
-    with run_folder.lock(trainer.worker_dir()):
+    # (Every JAX process writes through process 0: it alone holds the folder.)
+    with run_folder.lock(trainer.worker_dir()) if trainer.writes_checkpoints else contextlib.nullcontext():
         if is_chief:
             run_folder.claim(tc.model_dir, config)
             copy_vocabulary(tc)
@@ -334,6 +352,18 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         if is_chief:
             files.atomic_write(files.join(tc.model_dir, "eval_results.json"), json.dumps(results, indent=2))
     return results
+
+
+def make_trainer(strategy, config, tc, num_hosts, is_chief, log, compiled):
+    """The TensorFlow `Trainer` under `strategy`, or on JAX (`strategy` None) the `JaxTrainer`."""
+    if strategy is None:
+        from txl_keras.training.jax_trainer import JaxTrainer
+
+        return JaxTrainer(jax_route.make_distribution(FLAGS, config), config, tc, num_hosts=num_hosts,
+                          is_chief=is_chief, log=log)
+    from txl_keras.training.trainer import Trainer
+
+    return Trainer(strategy, config, tc, num_hosts=num_hosts, is_chief=is_chief, log=log, compiled=compiled)
 
 
 def check_run_folder(tc):
