@@ -79,3 +79,19 @@ def weights(trainer):
     import numpy as np
 
     return [np.array(w) for w in trainer.model.get_weights()]
+
+
+def summaries(folder):
+    """{tag: {step: value}} of the TensorBoard event files in `folder`."""
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        for record in tf.data.TFRecordDataset(os.path.join(folder, name)):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                array = tf.make_ndarray(value.tensor)
+                out.setdefault(value.tag, {})[event.step] = array.item() if array.dtype != object \
+                    else array.item().decode()
+    return out

@@ -12,7 +12,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from helpers import ROOT, build, env, run, train_command
+from helpers import ROOT, build, env, run, summaries, train_command
 from programs import in_process
 
 from txl_keras import run_folder as checkpoints
@@ -153,22 +153,6 @@ def test_every_checkpoint_is_evaluated_and_the_best_reported(tmp_path):
     scores = [float(line.split("loss ")[1].split(" ")[0]) for line in lines]
     (best_step, best_loss), = losses.items()
     assert best_loss == pytest.approx(min(scores), abs=1e-4) and best_step == [2, 4][scores.index(min(scores))]
-
-
-def summaries(folder):
-    """{tag: {step: value}} of the TensorBoard event files in `folder`."""
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
-
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        for record in tf.data.TFRecordDataset(os.path.join(folder, name)):
-            event = event_pb2.Event.FromString(record.numpy())
-            for value in event.summary.value:
-                array = tf.make_ndarray(value.tensor)
-                out.setdefault(value.tag, {})[event.step] = array.item() if array.dtype != object \
-                    else array.item().decode()
-    return out
 
 
 def tree(folder):
