@@ -6,7 +6,8 @@ PyTorch port of the original code, side by side, alternating, in fresh processes
 
 Each worker: same config, same random token stream, 2 threads, `--warmup` steps then
 `--steps` timed steps of forward + backward + clip(0.25) + Adam. Without --hf_python only
-txl_keras runs. `--original_pytorch=DIR` (the `pytorch/` folder of a checkout of
+txl_keras runs. `--jax` adds txl_keras's trainer on the JAX backend as a side (its JAX uses
+the machine's cores; `--threads` sets TensorFlow's and PyTorch's). `--original_pytorch=DIR` (the `pytorch/` folder of a checkout of
 kimiyoung/transformer-xl) also runs the original PyTorch code's `MemTransformerLM` with the
 --hf_python interpreter; the changes made to it at run time are that its uint8 attention
 masks are made boolean (`Tensor.byte` returns a bool tensor in that worker), which torch 2
@@ -125,7 +126,12 @@ def txl_worker(args, c):
                      train_steps=args.warmup, iterations=args.warmup, save_steps=0, xla=args.xla,
                      precision=args.precision, deterministic=False,
                      concurrent_parts=1 if args.one_op_at_a_time else 0)
-    trainer = Trainer(tf.distribute.get_strategy(), config, tc, log=lambda *_: None)
+    if args.backend == "jax":  # the same loop and step on JAX (one XLA program per step)
+        from txl_keras.training.jax_trainer import JaxTrainer
+
+        trainer = JaxTrainer(None, config, tc, log=lambda *_: None)
+    else:
+        trainer = Trainer(tf.distribute.get_strategy(), config, tc, log=lambda *_: None)
     trainer.save = lambda: None  # a run's closing checkpoint is not a step: not timed
     trainer.train()
     trainer.tc.train_steps = total_steps
@@ -288,6 +294,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--xla", action="store_true")
+    parser.add_argument("--jax", action="store_true", help="add txl_keras on the JAX backend as a side")
+    parser.add_argument("--backend", default="tensorflow", choices=["tensorflow", "jax"], help="(internal)")
     parser.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
     parser.add_argument("--torch_precision", default=None, choices=["float32", "mixed_bfloat16"],
                         help="the PyTorch workers' precision (default: --precision's)")
@@ -314,6 +322,9 @@ def main():
         + (["--profile"] if args.profile else []) + (["--ops"] if args.ops else []) \
         + (["--one_op_at_a_time"] if args.one_op_at_a_time else [])
     workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ours_args))]
+    if args.jax:
+        workers.append(("jax", lambda: run_worker(sys.executable, __file__, ours_args + ["--backend", "jax"],
+                                                  env={"KERAS_BACKEND": "jax"})))
     if args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
         workers.append(("baseline", lambda: run_worker(sys.executable, script, ours_args)))
@@ -340,7 +351,7 @@ def main():
         print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} (best {best:,.0f}), "
               f"MFU {best * flops / 1e9 / ceiling:.1%}, peak RSS {peak:,.0f} MB "
               f"(framework after import {framework:,.0f} MB, above it {peak - framework:,.0f} MB)")
-    for impl in ("baseline", "hf", "original"):
+    for impl in ("jax", "baseline", "hf", "original"):
         if impl in rates:
             print(ratio_line(impl, rates["txl_keras"], rates[impl]))
     print_bounds(results["txl_keras"], rates, flops, ceiling)

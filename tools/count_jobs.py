@@ -12,8 +12,9 @@ than one place, a fix to its meaning must be repeated in each. The rows:
   (`call_with_cache(..., targets=...)`), the trainers' `Evaluation`, and the task's
   `evaluate` (Keras's test step);
 - training steps: the places where gradients are applied or Keras's `fit` step is set up
-  (`compute_loss`);
-- optimizer recipes: the optimizers built for training;
+  (`compute_loss`), the JAX trainer's step (`_step_fn`) included;
+- optimizer recipes: the optimizers built for training, and the JAX trainer's Adam step
+  (`adam_update`);
 - from_preset meanings: `from_preset` definitions;
 - import-time side effects: library modules (programs' `__main__` and
   `if __name__ == "__main__":` blocks left out) with a call or an `os.environ` write at
@@ -132,11 +133,12 @@ def count():
             short = name.rsplit(".", 1)[-1]
             if name.endswith("CausalLM.evaluate"):
                 rows["scoring paths"].append(f"{path}:{name}")
-            if short in ("compute_loss", "_train_step", "train_step"):
+            if short in ("compute_loss", "_train_step", "train_step", "_step_fn"):
                 rows["training steps"].append(f"{path}:{name}")
             if short == "from_preset":
                 rows["from_preset meanings"].append(f"{path}:{name}")
-        rows["optimizer recipes"] += [f"{path}:{c.lineno}" for c in _calls(tree, "Adam") + _calls(tree, "AdamW")]
+        rows["optimizer recipes"] += [f"{path}:{c.lineno}" for c in _calls(tree, "Adam") + _calls(tree, "AdamW")
+                                      + _calls(tree, "adam_update")]
         if not is_program:
             rows["import-time side effects"] += [f"{path}:{line}" for line in module_level_effects(tree)]
     probes = {package: import_probe(package) for package in PACKAGES}

@@ -112,6 +112,14 @@ def test_a_run_folder_resumes_across_backends(tmp_path):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
         np.testing.assert_allclose(state["memory_0_replica_0"], reference["memory_0_replica_0"], rtol=1e-4,
                                    atol=1e-4)
+    # A run folder written on JAX is a run folder: the text task loads it here (TensorFlow).
+    from txl_keras import TransformerXLCausalLM
+
+    lm = TransformerXLCausalLM.from_preset(runs["jax"])
+    _, written, _ = state_and_weights(runs["jax"])
+    assert sum(w.size for w in written.values()) == sum(w.size for w in lm.model.get_weights())
+    score = lm.score("alpha beta gamma delta.")
+    assert 1.0 < score.perplexity < 1e3
 
 
 @pytest.mark.slow
