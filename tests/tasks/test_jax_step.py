@@ -35,3 +35,21 @@ def test_the_lowered_training_step_is_static_with_no_callbacks_or_float64():
     assert not re.search(r"tensor<[^>]*\?", text), "a dynamic shape"
     assert "f64" not in text, "float64"
     assert not re.search(r"callback|custom_call @xla_python", text), "a host callback"
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="the JAX step (CI runs tests/tasks on JAX)")
+def test_fit_and_evaluate_run_one_compiled_program_per_step_by_default():
+    """The default compile jits the step on JAX: the task's Python `call` runs while tracing,
+    not once per batch (which would be JAX running every step op by op)."""
+    vocab = Vocabulary(sorted(set(TEXT)), level="char")
+    config = TransformerXLConfig.from_preset("tiny", n_token=len(vocab), cutoffs=[], tgt_len=8, mem_len=8)
+    lm = TransformerXLCausalLM(TransformerXLLM(config), TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab),
+                                                                                         8))
+    lm.compile()
+    calls, call = [], lm.call
+    lm.call = lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs)
+    steps = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(batch))
+    lm.fit(TEXT, batch_size=2, epochs=2, verbose=0, callbacks=[counter])
+    lm.evaluate(TEXT, batch_size=2, verbose=0)
+    assert len(steps) > 20 and len(calls) <= 4

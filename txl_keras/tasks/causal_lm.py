@@ -188,13 +188,15 @@ class TransformerXLCausalLM(keras.Model):
             loss = loss + ops.cast(extra, "float32")
         return loss
 
-    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", jit_compile=False,
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", jit_compile="auto",
                 **kwargs):
         """Keras's `compile` with the paper's defaults (see the class docstring). `loss`
         must stay "auto": the loss is the adaptive softmax's NLL. Metrics are best given as
         `weighted_metrics` (as KerasHub's): those leave the padding of the last batch out.
         `sampler`: how `generate` picks tokens, a name ("greedy", "top_k", "top_p",
-        "random", "beam") or a `txl_keras.samplers.Sampler`."""
+        "random", "beam") or a `txl_keras.samplers.Sampler`. `jit_compile="auto"`: one XLA
+        program per step on JAX (not compiling would run each step op by op), a
+        `tf.function` graph without XLA on TensorFlow."""
         self.sampler = samplers.get(sampler)
         if loss not in ("auto", None):
             raise ValueError("TransformerXLCausalLM computes its own loss (the adaptive softmax's negative "
@@ -205,6 +207,8 @@ class TransformerXLCausalLM(keras.Model):
             optimizer = keras.optimizers.Adam(self._schedule, global_clipnorm=PAPER_CLIP_NORM)
         if weighted_metrics == "auto":
             weighted_metrics = [Perplexity()]
+        if jit_compile == "auto":
+            jit_compile = keras.config.backend() == "jax"
         super().compile(optimizer=optimizer, weighted_metrics=weighted_metrics, jit_compile=jit_compile, **kwargs)
 
     def fit(self, x=None, batch_size=None, epochs=1, validation_data=None, callbacks=None, **kwargs):
