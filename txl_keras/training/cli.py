@@ -50,6 +50,30 @@ def define_flags():
     default is what the bare command uses (the quickstart preset's value where it sets
     one; the help gives the value without a run preset)."""
     quickstart = RUN_PRESETS[QUICKSTART]
+    _define_run_flags()
+    _define_data_flags(quickstart)
+    _define_distribution_flags()
+    define("string", "eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).", "evaluation")
+    define("integer", "start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.", "evaluation",
+           lower_bound=0)
+    for field in dataclasses.fields(TrainConfig):
+        if field.name == "records_dir":
+            continue  # --data_dir
+        default, help = field.default, field.metadata["help"]
+        if field.name in quickstart["train"]:
+            default = quickstart["train"][field.name]
+            help += f" (Without a run preset: {'required' if field.default is None else field.default}.)"
+        choices = field.metadata.get("choices")
+        define("enum" if choices else _KINDS[field.type], field.name, default, help, field.metadata["group"],
+               **({"enum_values": list(choices)} if choices else {}))
+    model = TransformerXLConfig.from_preset(quickstart["model"], cutoffs=[])
+    for name, kind in MODEL_FLAGS:
+        define(kind, name, None, f"Override the model preset's {name} (the bare command's "
+               f"{quickstart['model']}: {getattr(model, name)}).", "model")
+
+
+def _define_run_flags():
+    """What the program does: the run preset, the starting weights, train and evaluate."""
     define("string", "config", QUICKSTART, f"Run preset ({', '.join(sorted(RUN_PRESETS))}), model preset "
            f"({', '.join(sorted(PRESETS))}) or the path of a config.json (e.g. one written by "
            "python -m txl_keras.convert).", "run")
@@ -69,6 +93,10 @@ def define_flags():
     define("bool", "do_eval_only", False, "Evaluate every checkpoint in --model_dir and report the best.", "run")
     define("bool", "check_memory", True, "Refuse a run whose training (or evaluation) cannot fit this machine's "
            "memory (estimated before the model is built; CPUs only).", "run")
+
+
+def _define_data_flags(quickstart):
+    """Where the records come from."""
     define("string", "data_dir", None, "Folder of the TFRecords, vocab.json and corpus-info.json "
            "(default data/<dataset>; built from --dataset when missing).", "data")
     define("string", "dataset", None, "Corpus to build records from when --data_dir is not given (see python -m "
@@ -79,6 +107,10 @@ def define_flags():
     define("enum", "level", None, "--dataset=text/stdlib/tfds: token level of a new vocabulary (default byte; "
            "with --init_from, the model's).", "data", enum_values=["byte", "char", "word"])
     define("string", "corpus_info_path", None, "corpus-info.json (default: in --data_dir).", "data")
+
+
+def _define_distribution_flags():
+    """Hosts, replicas and processes: tf.distribute's and the JAX mesh's."""
     define("integer", "num_hosts", 1, "Hosts (input pipelines) the records were built for.", "distribution",
            lower_bound=1)
     define("integer", "num_core_per_host", None, "Replicas per host (default: all local devices).",
@@ -95,23 +127,6 @@ def define_flags():
            "distribution", lower_bound=1)
     define("integer", "process_id", None, "JAX backend: this process's index, from 0.", "distribution",
            lower_bound=0)
-    define("string", "eval_ckpt_path", None, "Evaluate this checkpoint (folder or .weights.h5).", "evaluation")
-    define("integer", "start_eval_steps", 0, "--do_eval_only: skip checkpoints before this step.", "evaluation",
-           lower_bound=0)
-    for field in dataclasses.fields(TrainConfig):
-        if field.name == "records_dir":
-            continue  # --data_dir
-        default, help = field.default, field.metadata["help"]
-        if field.name in quickstart["train"]:
-            default = quickstart["train"][field.name]
-            help += f" (Without a run preset: {'required' if field.default is None else field.default}.)"
-        choices = field.metadata.get("choices")
-        define("enum" if choices else _KINDS[field.type], field.name, default, help, field.metadata["group"],
-               **({"enum_values": list(choices)} if choices else {}))
-    model = TransformerXLConfig.from_preset(quickstart["model"], cutoffs=[])
-    for name, kind in MODEL_FLAGS:
-        define(kind, name, None, f"Override the model preset's {name} (the bare command's "
-               f"{quickstart['model']}: {getattr(model, name)}).", "model")
 
 
 def _given(name):
