@@ -65,9 +65,10 @@ def main(argv):
     jax_route.check_flags(FLAGS, backend)
     if backend == "jax":
         num_hosts, is_chief = jax_route.start_processes(FLAGS)
-        strategy = None  # the keras.distribution of --mesh
-    else:
-        strategy, num_hosts, is_chief = make_strategy()
+        with jax_route.peers_watched(num_hosts):  # no strategy: the keras.distribution of --mesh
+            cli.run(None, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
+        return
+    strategy, num_hosts, is_chief = make_strategy()
     cli.run(strategy, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
 
 

@@ -97,7 +97,8 @@ def main(argv):
             num_hosts, is_chief = start_jax()
         except NoTPUError as e:
             raise SystemExit(f"error: {e}")
-        cli.run(None, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
+        with jax_route.peers_watched(num_hosts):
+            cli.run(None, num_hosts=num_hosts, is_chief=is_chief, log=lambda *a: print(*a, flush=True))
         return
     try:
         strategy, num_hosts = connect_tpu()

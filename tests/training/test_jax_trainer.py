@@ -164,9 +164,10 @@ def free_port():
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one_and_a_missing_peer_ends_the_other(tmp_path):
+def test_two_processes_train_as_one_and_a_missing_or_dying_peer_ends_the_other(tmp_path):
     """Two processes of 2 devices each, each reading its own host's records, give the losses
-    of one process of 4 devices reading the same streams."""
+    of one process of 4 devices reading the same streams; a peer that never comes or that
+    is killed mid-training ends the other with one error line, not a hang or a crash dump."""
     os.makedirs(tmp_path / "two")
     records = build(str(tmp_path / "two"), hosts=2)
     address = f"127.0.0.1:{free_port()}"
@@ -191,3 +192,21 @@ def test_two_processes_train_as_one_and_a_missing_peer_ends_the_other(tmp_path):
                              f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2", "--process_id=0"),
                timeout=120, env=jax_env(2))
     assert lone.returncode != 0 and "not all 2 processes joined" in lone.stderr
+    # A peer killed mid-training: the survivor stops at its next collective with one line.
+    address = f"127.0.0.1:{free_port()}"
+    pair = [subprocess.Popen(
+        ["timeout", "-k", "10", "240"] + train_command(records, str(tmp_path / "dying"), "--train_steps=100000",
+                                                       "--save_steps=100000", "--num_hosts=2", "--startup_timeout=120",
+                                                       *DETERMINISTIC, f"--coordinator_address={address}",
+                                                       "--num_processes=2", f"--process_id={index}"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=jax_env(2), start_new_session=True)
+        for index in range(2)]
+    for line in pair[0].stdout:
+        if line.startswith("step") and " | lr " in line:  # a step done: the processes are training
+            break
+    os.killpg(pair[1].pid, signal.SIGKILL)  # the process group: the trainer, not only `timeout`
+    pair[1].wait()
+    survivor_out, survivor_err = pair[0].communicate(timeout=120)
+    assert pair[0].returncode == 1, survivor_err[-3000:]
+    assert survivor_err.strip().splitlines()[-1].startswith("error: a collective across the 2 processes failed")
+    assert "Traceback" not in survivor_err and "Fatal Python error" not in survivor_err

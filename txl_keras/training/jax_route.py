@@ -9,7 +9,10 @@ Several processes (the hosts of a TPU pod, or GPU/CPU machines) find each other 
 so each process's rows of the batch are its records' share.
 """
 
+import contextlib
+import os
 import re
+import sys
 
 MESH_AXES = ("batch", "model")
 _MESH = re.compile(r"^(batch|model):([1-9][0-9]*)(,(batch|model):([1-9][0-9]*))?$")
@@ -75,6 +78,28 @@ def start_processes(flags, on_tpu_pod=False):
     with Watchdog(flags.startup_timeout, what):
         jax.distributed.initialize(initialization_timeout=flags.startup_timeout + 60, **arguments)
     return jax.process_count(), jax.process_index() == 0
+
+
+@contextlib.contextmanager
+def peers_watched(num_processes):
+    """Run the block; if a collective fails in a run of several processes (a peer died: its
+    connections reset), end this process at once with one line and exit status 1. Exiting
+    the usual way would first wait in JAX's exit-time barrier for the dead peer, then abort
+    with a crash dump."""
+    import jax
+
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as e:
+        if num_processes == 1:
+            raise
+        cause = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        sys.stdout.flush()
+        sys.stderr.write(f"error: a collective across the {num_processes} processes failed, most likely because "
+                         f"another process stopped (see its log): {cause}. Start the same command on every "
+                         "process to resume from the last checkpoint.\n")
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def mesh_devices():
