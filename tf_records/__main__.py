@@ -59,11 +59,11 @@ flags.DEFINE_string("encoding", "utf-8", "text: the files' encoding at char and 
 
 def pretrained_defaults():
     """The vocabulary of --pretrained, and its release's defaults for the flags not given."""
-    from tf_records.vocabulary import Vocabulary
+    from tf_records.vocabulary import VOCAB_FILE, Vocabulary
 
     name = FLAGS.pretrained
     if name not in RELEASES:
-        return Vocabulary.load(os.path.join(name, "vocab.json"))
+        return Vocabulary.load(os.path.join(name, VOCAB_FILE))
     release = RELEASES[name]
     defaults = {"dataset": release.dataset, "tgt_len": release.tgt_len, "splits": ["test"],
                 "per_host_valid_bsz": 16, "records_dir": os.path.join("data", name)}

@@ -84,9 +84,9 @@ def converted_folder(name, cache_dir=None):
 def release_vocabulary(name, url=None, cache_dir=None, log=None):
     """The vocabulary of release `name`: the converted folder's, else its cache.pkl
     (downloaded if needed, read as data)."""
-    from tf_records.vocabulary import Vocabulary
+    from tf_records.vocabulary import VOCAB_FILE, Vocabulary
 
-    converted = files.join(converted_folder(name, cache_dir), "vocab.json")
+    converted = files.join(converted_folder(name, cache_dir), VOCAB_FILE)
     if files.exists(converted):
         return Vocabulary.load(converted)
     path = fetch_file(name, "data/cache.pkl", download_folder(name, cache_dir), url, log)

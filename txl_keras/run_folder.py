@@ -33,10 +33,11 @@ import sys
 import numpy as np
 
 from txl_io import files
+from tf_records.vocabulary import VOCAB_FILE
 from txl_keras.models.config import TransformerXLConfig
 
 CONFIG = "config.json"
-VOCAB = "vocab.json"
+VOCAB = VOCAB_FILE  # the run's vocabulary, named as a records folder's
 ORIGIN = "init_from.json"
 INDEX = "checkpoint.json"
 WEIGHTS = "model.weights.h5"

@@ -67,15 +67,19 @@ def test_the_layout_holds_every_document_once_in_its_own_stream_segments():
 def test_a_document_read_in_segments_is_the_document_read_at_once_alone_or_in_a_batch():
     """With a memory longer than the documents, each segment sees every token before it,
     so the state at a document's last token is the one-pass state: the logits equal the
-    head applied to the backbone's whole-document call."""
+    head applied to the backbone's whole-document call (all documents in one call, padded
+    after their ends, which a causal model's states before them never see)."""
     clf = classifier(tgt_len=4, mem_len=32)
     randomize(clf.backbone, scale=0.3)
     texts, _ = documents(7, 3, 20, seed=5)
     in_batch = clf.predict(texts, batch_size=3, verbose=0)
-    for text, logits in zip(texts, in_batch):
-        ids = np.asarray(clf.tokenizer(text))[None]
-        hidden = to_np(clf.backbone(ids, mem_len=32)["hidden"])[0, -1]
-        expected = hidden @ to_np(clf.output_dense.kernel) + to_np(clf.output_dense.bias)
+    ids = [np.asarray(clf.tokenizer(text)) for text in texts]
+    padded = np.zeros((len(ids), max(len(i) for i in ids)), "int32")
+    for row, document in enumerate(ids):
+        padded[row, :len(document)] = document
+    hidden = to_np(clf.backbone(padded, mem_len=32)["hidden"])
+    for row, (text, logits) in enumerate(zip(texts, in_batch)):
+        expected = hidden[row, len(ids[row]) - 1] @ to_np(clf.output_dense.kernel) + to_np(clf.output_dense.bias)
         np.testing.assert_allclose(logits, expected, atol=1e-4)
         np.testing.assert_allclose(clf.predict([text], batch_size=1, verbose=0)[0], logits, atol=1e-5)
 

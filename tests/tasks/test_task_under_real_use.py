@@ -40,6 +40,15 @@ def lm():
     return task
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt, as in a terminal, even where the test runner was
+    started with SIGINT ignored (a shell's background job)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def cut_at_first(text, prompt, stop):
     """The greedy text without stops, cut after the first stop symbol of its continuation."""
     new = text[len(prompt):]
@@ -226,7 +235,7 @@ def test_generation_refuses_what_cannot_fit_before_any_work(lm, monkeypatch):
     assert len(lm.generate("ROMEO:", max_new_tokens=3, stop_token_ids=None)) == len("ROMEO:") + 3
 
 
-def test_a_signal_stops_a_long_generation_after_one_piece_of_its_loop(lm):
+def test_a_signal_stops_a_long_generation_after_one_piece_of_its_loop(lm, ctrl_c_raises):
     """Ctrl-C during a compiled piece of the token loop is handled when the piece returns:
     the rest of the generation never runs."""
     lm.generate("ROMEO:", max_new_tokens=3, stop_token_ids=None)  # the token loop compiled
@@ -324,7 +333,7 @@ def test_a_sampler_drawn_in_reused_steps_draws_with_its_own_temperature(lm):
     assert lm.generate("ROMEO:", max_new_tokens=30, stop_token_ids=None, sampler=cold) == greedy
 
 
-def test_beam_search_runs_in_pieces_that_continue_each_other_and_a_signal_stops_it(lm):
+def test_beam_search_runs_in_pieces_that_continue_each_other_and_a_signal_stops_it(lm, ctrl_c_raises):
     """One beam over more steps than one piece is greedy's text; Ctrl-C during a piece ends
     the search when that piece returns."""
     steps = generation.DECODE_CHUNK * 2 + 7

@@ -38,6 +38,7 @@ import json
 import tensorflow as tf
 
 from txl_io import files
+from tf_records.vocabulary import VOCAB_FILE
 from txl_keras import generate as generation
 from txl_keras import samplers
 from txl_keras.layers.inference_cache import InferenceCache
@@ -47,7 +48,6 @@ EXPORT_INFO = "txl_config.json"
 # The most new tokens one call of the SavedModel's `generate` makes: the whole loop runs in
 # the graph, where nothing (Ctrl-C included) stops it before its end.
 MAX_SERVED_NEW_TOKENS = 4096
-VOCAB_ASSET = "vocab.json"
 
 
 def export_saved_model(model, path, vocabulary=None, mem_len=None, clamp_len=None, same_length=None):
@@ -88,7 +88,7 @@ def export_saved_model(model, path, vocabulary=None, mem_len=None, clamp_len=Non
         with files.reporting(path):
             tf.saved_model.save(served, staging, signatures=signatures)
         if vocabulary is not None:
-            vocabulary.save(files.join(staging, "assets", VOCAB_ASSET))
+            vocabulary.save(files.join(staging, "assets", VOCAB_FILE))
         files.atomic_write(files.join(staging, EXPORT_INFO),
                            json.dumps({"config": model.config.to_dict(), "mem_len": serving.mem_len}, indent=2))
     return path

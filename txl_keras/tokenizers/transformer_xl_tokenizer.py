@@ -5,9 +5,8 @@ import numpy as np
 import tensorflow as tf
 
 from txl_io import files
-from tf_records.vocabulary import Vocabulary
+from tf_records.vocabulary import VOCAB_FILE, Vocabulary
 
-VOCAB_ASSET = "vocab.json"
 
 # What Python's `str.splitlines()` breaks lines at and `str.split()` / `str.strip()` treat as
 # white space (`str.isspace()`), as RE2 classes: the records are encoded by those functions.
@@ -304,10 +303,10 @@ class TransformerXLTokenizer(keras.layers.Layer):
     # -- saving ----------------------------------------------------------------------------
 
     def save_assets(self, dir_path):
-        self._require_vocabulary().save(files.join(dir_path, VOCAB_ASSET))
+        self._require_vocabulary().save(files.join(dir_path, VOCAB_FILE))
 
     def load_assets(self, dir_path):
-        self.set_vocabulary(Vocabulary.load(files.join(dir_path, VOCAB_ASSET)))
+        self.set_vocabulary(Vocabulary.load(files.join(dir_path, VOCAB_FILE)))
 
     def get_config(self):
         # The vocabulary travels as an asset (`save_assets`), as KerasHub's tokenizers' do.
