@@ -43,6 +43,18 @@ def test_unknown_flags_and_missing_tpu_are_reported_clearly(tmp_path):
         assert "Traceback" not in local.stderr
 
 
+def test_a_released_model_to_evaluate_brings_its_own_model_and_weights(tmp_path):
+    """--pretrained evaluates the release's newest weights with its own config: a --config,
+    an --eval_ckpt_path or --do_train beside it is refused in one line, before anything is
+    downloaded."""
+    for extra, message in (("--config=tiny", "drop --config=tiny"), ("--eval_ckpt_path=x", "drop --eval_ckpt_path=x"),
+                           ("--do_train=true", "it does not train")):
+        done = in_process([sys.executable, os.path.join(ROOT, "train_gpu.py"), "--pretrained=transfo_xl_wt103",
+                           f"--model_dir={tmp_path / 'm'}", extra], cwd=str(tmp_path))
+        assert done.returncode == 1 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert not os.listdir(tmp_path)
+
+
 def test_the_tensorflow_versions_that_drive_tpus():
     assert tensorflow_drives_tpus("2.19.1") and tensorflow_drives_tpus("2.20.0")
     assert not tensorflow_drives_tpus("2.21.0") and not tensorflow_drives_tpus("2.22.0rc1")

@@ -134,8 +134,8 @@ def _given(name):
 
 
 def run_preset():
-    """The run preset of --config, or None (--init_from's model is its own)."""
-    return None if FLAGS.init_from else RUN_PRESETS.get(FLAGS.config)
+    """The run preset of --config, or None (--init_from's and --pretrained's models are their own)."""
+    return None if FLAGS.init_from or FLAGS.pretrained else RUN_PRESETS.get(FLAGS.config)
 
 
 def train_config(data_dir, defaults=None):
@@ -150,12 +150,13 @@ def train_config(data_dir, defaults=None):
 
 # The model settings --init_from's model may change: none of them changes a weight's shape.
 INIT_FROM_OVERRIDES = ("dropout", "dropatt", "tgt_len", "mem_len", "clamp_len", "same_length")
-_ORIGIN = {}  # --init_from's Preset, resolved once
+_RESOLVED = {}  # (flag, value) -> the Preset --init_from or --pretrained names, resolved once
 
 
 def origin():
     """The `txl_keras.presets.Preset` of --init_from (resolved, downloaded if needed, once), or None."""
-    if FLAGS.init_from and "preset" not in _ORIGIN:
+    key = ("init_from", FLAGS.init_from)
+    if FLAGS.init_from and key not in _RESOLVED:
         from txl_keras import presets
 
         found = presets.resolve(FLAGS.init_from, log=print)
@@ -168,14 +169,44 @@ def origin():
         if dict(found.model_options).get("quantization") is not None:
             raise ValueError(f"--init_from={FLAGS.init_from} holds int8 weights, which do not train; start from "
                              "the float model it was quantized from.")
-        _ORIGIN["preset"] = found
-    return _ORIGIN.get("preset")
+        _RESOLVED[key] = found
+    return _RESOLVED.get(key)
+
+
+def pretrained(log=print):
+    """The `txl_keras.presets.Preset` of --pretrained (resolved, downloaded if needed, once), or None."""
+    key = ("pretrained", FLAGS.pretrained)
+    if FLAGS.pretrained and key not in _RESOLVED:
+        from txl_keras import presets
+
+        _RESOLVED[key] = presets.resolve(FLAGS.pretrained, log=log)
+    return _RESOLVED.get(key)
+
+
+def training():
+    """Whether this run trains: --do_train, never with --pretrained (which evaluates)."""
+    return FLAGS.do_train and not FLAGS.pretrained
+
+
+def eval_weights():
+    """The weights an evaluation-only run loads: --eval_ckpt_path, or --pretrained's newest."""
+    return pretrained().weights if FLAGS.pretrained else FLAGS.eval_ckpt_path
+
+
+def _model_source():
+    """The flag that names the model, as a message quotes it."""
+    for flag in ("init_from", "pretrained"):
+        if FLAGS[flag].value:
+            return f"--{flag}={FLAGS[flag].value}"
+    return f"--config={FLAGS.config}"
 
 
 def _model_base():
     """`(kind, value)`: ("json", dict of a config.json) or ("preset", model preset name)."""
     if FLAGS.init_from:
         return "json", origin().config.to_dict()
+    if FLAGS.pretrained:
+        return "json", pretrained().config.to_dict()
     if FLAGS.config.endswith(".json"):
         try:
             data = json.loads(files.read_text(FLAGS.config))
@@ -200,7 +231,7 @@ def _config_from_json(base, overrides):
     try:
         return TransformerXLConfig.from_dict(base).replace(**overrides)
     except ValueError as e:
-        raise ValueError(f"--config={FLAGS.config}: {e}") from None
+        raise ValueError(f"{_model_source()}: {e}") from None
 
 
 def check_model_flags():
@@ -222,7 +253,7 @@ def model_config(corpus_info):
         config = _config_from_json(base, overrides)
         if config.n_token != corpus_info["vocab_size"]:
             raise ValueError(
-                f"{FLAGS.config} has n_token={config.n_token} but the records have a vocabulary of "
+                f"{_model_source()} has n_token={config.n_token} but the records have a vocabulary of "
                 f"{corpus_info['vocab_size']}; build the records with the model's vocabulary "
                 "(python -m tf_records --vocab=...)."
             )
@@ -241,7 +272,10 @@ def _dataset():
 
 
 def default_data_dir():
-    """data/<dataset>, or data/<dataset>-<model> for records in --init_from's vocabulary."""
+    """data/<dataset>, or data/<dataset>-<model> for records in --init_from's vocabulary, or
+    data/<release> for --pretrained (where `python -m tf_records --pretrained=<release>` builds)."""
+    if FLAGS.pretrained:
+        return os.path.join("data", os.path.basename(FLAGS.pretrained.rstrip("/")))
     folder = default_records_dir(_dataset())
     if FLAGS.init_from:
         name = os.path.basename(os.path.abspath(FLAGS.init_from)) if os.path.sep in FLAGS.init_from \
@@ -307,7 +341,7 @@ def prepare_data(tc, num_core_per_host, log):
     eval_tgt_len = tc.eval_tgt_len or tgt_len
     needed = [("train", tc.train_batch_size, tgt_len), (tc.eval_split, tc.eval_batch_size, eval_tgt_len)]
     missing = [s for s, b, t in needed if not files.exists(record_info_path(data_dir, s, b, t, FLAGS.num_hosts))]
-    if missing and FLAGS.data_dir is None:
+    if missing and FLAGS.data_dir is None and not FLAGS.pretrained:
         log(f"building the {_dataset()} records in {data_dir} (no download)")
         options = {"text": FLAGS.text} if FLAGS.text else {}
         if FLAGS.level:
@@ -331,8 +365,9 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
         raise ValueError(f"--num_hosts={FLAGS.num_hosts}, but this run has {num_hosts} host(s) (on GPUs and CPUs the "
                          "workers TF_CONFIG's cluster lists; on TPUs the pod's hosts): give the cluster, or "
                          f"--num_hosts={num_hosts}.")
+    _RESOLVED.clear()  # each run resolves its presets afresh (a program may run several)
     check_init_from()
-    defaults = use_pretrained(log) if FLAGS.pretrained else None
+    defaults = pretrained_settings(log) if FLAGS.pretrained else None
     if FLAGS.init_from:
         defaults = {"warm_start_path": origin().weights}
     tc = train_config(FLAGS.data_dir or default_data_dir(), defaults)
@@ -354,7 +389,7 @@ def run(strategy, num_hosts=1, is_chief=True, log=print, compiled=None):
     trainer = make_trainer(strategy, config, tc, num_hosts, is_chief, log, compiled)
     if FLAGS.do_eval_only:
         return evaluate_checkpoints(trainer, log)
-    if not FLAGS.do_train:  # evaluation never writes into the run folder
+    if not training():  # evaluation never writes into the run folder
         return evaluate(trainer, tc, log)
     trainer.train_records()  # records of another layout: refused before the run folder is written
     # (Every JAX process writes through process 0: it alone holds the folder.)
@@ -384,7 +419,7 @@ def make_trainer(strategy, config, tc, num_hosts, is_chief, log, compiled):
 def check_run_folder(tc):
     """Before any record is built: an existing run folder must hold the model the flags
     describe (with the vocabulary size and cutoffs it has, which come from the records)."""
-    existing = run_folder.read_config(tc.model_dir) if FLAGS.do_train and not FLAGS.do_eval_only else None
+    existing = run_folder.read_config(tc.model_dir) if training() and not FLAGS.do_eval_only else None
     if existing is None:
         return
     kind, base = _model_base()
@@ -406,20 +441,18 @@ def record_origin(tc):
                                          "weights": found.weights}, indent=2))
 
 
-def use_pretrained(log):
-    """--pretrained: evaluate that model at the settings in its config.json (the paper's).
-    Returns the TrainConfig settings it implies (flags given on the command line win)."""
-    from txl_keras import presets
-
+def pretrained_settings(log):
+    """--pretrained: evaluate that model (its newest weights, at the settings of its
+    config.json: the paper's). Returns the TrainConfig settings it implies (flags given on
+    the command line win)."""
     if FLAGS["do_train"].present and FLAGS.do_train:
         raise ValueError("--pretrained evaluates a released model; it does not train (use --init_from to "
                          "start training from its weights).")
-    found = presets.resolve(FLAGS.pretrained, log=log)
-    folder, newest = found.folder, found.weights
-    if not FLAGS["data_dir"].present:
-        FLAGS.data_dir = os.path.join("data", os.path.basename(FLAGS.pretrained.rstrip("/")))
-    FLAGS.config, FLAGS.eval_ckpt_path, FLAGS.do_train = files.join(folder, run_folder.CONFIG), newest, False
-    return {"model_dir": folder, "eval_split": "test", "eval_batch_size": 16}
+    for flag in ("config", "eval_ckpt_path"):
+        if FLAGS[flag].present:
+            raise ValueError(f"--pretrained={FLAGS.pretrained} brings its own model and weights; drop "
+                             f"--{flag}={FLAGS[flag].value}.")
+    return {"model_dir": pretrained(log).folder, "eval_split": "test", "eval_batch_size": 16}
 
 
 def check_paths(tc):
@@ -429,7 +462,7 @@ def check_paths(tc):
                          f"not be empty. Received: --model_dir={tc.model_dir!r}")
     for path in (tc.model_dir, tc.records_dir):
         files.check_access(path)
-    for flag, path in (("warm_start_path", tc.warm_start_path), ("eval_ckpt_path", FLAGS.eval_ckpt_path)):
+    for flag, path in (("warm_start_path", tc.warm_start_path), ("eval_ckpt_path", eval_weights())):
         if path and not files.exists(run_folder.weights_path(path)):
             raise ValueError(f"--{flag}={path}: no weights there; give a checkpoint folder (ckpt-NNNNNNNN) "
                              "or a .weights.h5 file.")
@@ -444,7 +477,7 @@ def check_memory(config, tc, cores, compiled):
 
     if compiled or tf.config.list_logical_devices("GPU"):
         return
-    if not (FLAGS.do_train and not FLAGS.do_eval_only):
+    if not (training() and not FLAGS.do_eval_only):
         if FLAGS.do_eval or FLAGS.do_eval_only:
             settings = config.with_memory(tc.eval_mem_len, tc.eval_clamp_len, tc.eval_same_length)
             tgt_len = tc.eval_tgt_len or config.tgt_len
@@ -502,8 +535,8 @@ def train(trainer, tc, log):
 
 def evaluate(trainer, tc, log):
     """Evaluate a checkpoint (--eval_ckpt_path, else the newest) without writing anything."""
-    if FLAGS.eval_ckpt_path:
-        trainer.load_weights(FLAGS.eval_ckpt_path)
+    if eval_weights():
+        trainer.load_weights(eval_weights())
     elif not trainer.restore_or_warm_start():
         raise ValueError(f"--do_train=false but there is no checkpoint in {tc.model_dir} and no "
                          "--eval_ckpt_path: nothing to evaluate.")
