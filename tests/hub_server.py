@@ -1,6 +1,8 @@
 """A stand-in for the Hugging Face Hub on a local HTTP server: the endpoints
 `huggingface_hub` uses to fetch a repository (revision, tree, resolve) and to publish a folder
-(create, preupload, commit), over an in-memory store. Every request is logged."""
+(create, preupload, commit), over an in-memory store. Every request is logged; one the
+stand-in does not implement (a client that changed its protocol) is recorded, and the
+`serve` block fails at its end if there was any, instead of the test passing on a 404."""
 
 import base64
 import contextlib
@@ -16,6 +18,7 @@ class Hub:
     def __init__(self):
         self.repos = {}  # "owner/name" -> {path: bytes}
         self.requests = []  # (method, path)
+        self.unexpected = []  # (method, path, what): requests outside the protocol above
 
 
 def _handler(hub):
@@ -35,6 +38,10 @@ def _handler(hub):
         def _json(self, value):
             self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"})
 
+        def _unexpected(self, what):
+            hub.unexpected.append((self.command, self.path, what))
+            self._send(400, json.dumps({"error": what}).encode(), {"Content-Type": "application/json"})
+
         def _missing(self):
             self._send(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound",
                                                                    "Content-Type": "application/json"})
@@ -47,13 +54,17 @@ def _handler(hub):
                 if repo not in hub.repos:
                     return self._missing()
                 stored = hub.repos[repo]
-                if parts[4] == "revision":
+                endpoint = parts[4] if len(parts) > 4 else None
+                if endpoint == "revision":
                     return self._json({"id": repo, "sha": COMMIT, "siblings": [{"rfilename": p} for p in stored]})
-                if parts[4] == "tree":
+                if endpoint == "tree":
                     return self._json([{"type": "file", "path": p, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
                                        for p, d in stored.items()])
+                return self._unexpected("an /api/models endpoint other than revision and tree")
             repo, path = "/".join(parts[:2]), "/".join(parts[4:])
-            if len(parts) > 4 and parts[2] == "resolve" and path in hub.repos.get(repo, {}):
+            if len(parts) <= 4 or parts[2] != "resolve":
+                return self._unexpected("a GET other than the API's and resolve")
+            if path in hub.repos.get(repo, {}):
                 data = hub.repos[repo][path]
                 return self._send(200, data, {"X-Repo-Commit": COMMIT,
                                               "ETag": '"' + hashlib.sha1(data).hexdigest() + '"'})
@@ -70,6 +81,8 @@ def _handler(hub):
                 repo = f"{request['organization']}/{request['name']}"
                 hub.repos.setdefault(repo, {})
                 return self._json({"url": f"http://{self.headers['Host']}/{repo}", "name": repo})
+            if len(parts) < 5 or parts[:2] != ["api", "models"]:
+                return self._unexpected("a POST other than create, preupload and commit")
             repo = "/".join(parts[2:4])
             if repo not in hub.repos:
                 return self._missing()
@@ -77,13 +90,17 @@ def _handler(hub):
                 return self._json({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
                                              for f in json.loads(body)["files"]]})
             if parts[4] == "commit":
-                for line in body.decode().splitlines():
-                    item = json.loads(line)
+                items = [json.loads(line) for line in body.decode().splitlines()]
+                odd = [i for i in items if i["key"] not in ("header", "file")
+                       or i["key"] == "file" and i["value"].get("encoding") != "base64"]
+                if odd:  # LFS files, deletions, another encoding: not stored here
+                    return self._unexpected(f"commit operations other than base64 files: {odd}")
+                for item in items:
                     if item["key"] == "file":
                         hub.repos[repo][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
                 return self._json({"commitUrl": f"http://{self.headers['Host']}/{repo}/commit/{COMMIT}",
                                    "commitOid": COMMIT, "pullRequestUrl": None})
-            self._missing()
+            self._unexpected("a POST to a repository other than preupload and commit")
 
     return Handler
 
@@ -100,3 +117,4 @@ def serve():
     finally:
         server.shutdown()
         server.server_close()
+    assert not hub.unexpected, f"requests the stand-in hub does not implement: {hub.unexpected}"

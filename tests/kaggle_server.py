@@ -2,7 +2,9 @@
 `KAGGLE_API_ENVIRONMENT=TEST`: the RPCs `kagglehub` uses to fetch a model variation
 (GetModelInstance, ListModelInstanceVersionFiles, DownloadModelInstanceVersion) and to publish
 one (GetModel, CreateModel, StartBlobUpload and the blob's PUT, CreateModelInstance,
-CreateModelInstanceVersion), over an in-memory store. Every RPC is logged."""
+CreateModelInstanceVersion), over an in-memory store. Every RPC is logged; one the stand-in
+does not implement (a client that changed its protocol) is recorded, and the `serve` block
+fails at its end if there was any, instead of the test passing on a 404."""
 
 import contextlib
 import http.server
@@ -19,6 +21,7 @@ class Kaggle:
         self.variations = {}  # (owner, model, variation) -> [{path: bytes}, ...], one per version
         self.blobs = {}  # token -> [name, bytes]
         self.calls = []
+        self.unexpected = []  # (method, path): requests outside the protocol above
 
 
 def _handler(kaggle):
@@ -80,7 +83,8 @@ def _handler(kaggle):
                 self._unpack(request["body"], "", files)
                 kaggle.variations.setdefault(key + (instance,), []).append(files)
                 return self._json({"id": 1, "url": ""})
-            self._missing("Endpoint")
+            kaggle.unexpected.append(("POST", self.path))
+            self._json({"code": 400, "message": f"{rpc} is not implemented here"}, 400)
 
         def _unpack(self, directory, prefix, files):
             for item in directory.get("files", []):
@@ -91,7 +95,11 @@ def _handler(kaggle):
 
         def do_PUT(self):
             token = self.path.rsplit("/", 1)[-1]
-            kaggle.blobs[token][1] = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if not self.path.startswith("/upload/") or token not in kaggle.blobs:
+                kaggle.unexpected.append(("PUT", self.path))
+                return self._json({"code": 400, "message": "no such upload"}, 400)
+            kaggle.blobs[token][1] = data
             self._json({})
 
     return Handler
@@ -108,3 +116,4 @@ def serve():
     finally:
         server.shutdown()
         server.server_close()
+    assert not kaggle.unexpected, f"requests the stand-in Kaggle does not implement: {kaggle.unexpected}"
