@@ -535,8 +535,9 @@ def train(trainer, tc, log):
 
 def evaluate(trainer, tc, log):
     """Evaluate a checkpoint (--eval_ckpt_path, else the newest) without writing anything."""
-    if eval_weights():
-        trainer.load_weights(eval_weights())
+    weights = eval_weights()
+    if weights:
+        trainer.load_weights(weights)
     elif not trainer.restore_or_warm_start():
         raise ValueError(f"--do_train=false but there is no checkpoint in {tc.model_dir} and no "
                          "--eval_ckpt_path: nothing to evaluate.")
