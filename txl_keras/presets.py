@@ -46,10 +46,10 @@ from txl_io.fetch import warn
 from txl_keras import hub
 from txl_keras.releases import (RELEASES, check_file, checkpoint_name, converted_folder,
                                 download_folder, fetch_file)
-from tf_records.vocabulary import Vocabulary
+from tf_records.vocabulary import VOCAB_FILE, Vocabulary
 from txl_keras.models.config import PRESETS as ARCHITECTURES
 from txl_keras.models.config import TransformerXLConfig
-from txl_keras.run_folder import CONFIG, VOCAB, RunFolderError, latest_checkpoint, require_config
+from txl_keras.run_folder import CONFIG, RunFolderError, latest_checkpoint, require_config
 
 METADATA = "metadata.json"
 CACHE_ENTRY = "cache-entry.json"
@@ -88,7 +88,7 @@ class Preset:
     def load_vocabulary(self):
         """The `Vocabulary`, checked against the fingerprint the preset recorded (where it did)."""
         if self.vocabulary is None:
-            raise RunFolderError(f"{self.folder} holds no {VOCAB}: it cannot turn text into ids; copy the "
+            raise RunFolderError(f"{self.folder} holds no {VOCAB_FILE}: it cannot turn text into ids; copy the "
                                  "vocab.json of its records there.")
         vocabulary = Vocabulary.load(self.vocabulary)
         if self.vocabulary_fingerprint is not None and vocabulary.fingerprint() != self.vocabulary_fingerprint:
@@ -251,7 +251,7 @@ def _run_folder_preset(source, kind, folder):
     _, newest = latest_checkpoint(folder)
     if newest is None:
         raise RunFolderError(f"No complete checkpoint in {folder}: nothing trained to load.")
-    vocab = files.join(folder, VOCAB)
+    vocab = files.join(folder, VOCAB_FILE)
     return Preset(source, kind, folder, config, newest, vocab if files.exists(vocab) else None)
 
 
@@ -270,7 +270,7 @@ def _preset_folder(folder):
         raise RunFolderError(f"{path} is damaged or not the config of a saved TransformerXLCausalLM preset "
                              f"({e}); save the preset again.") from None
     _check_tokenizer_file(files.join(folder, TOKENIZER))
-    vocab = files.join(folder, TOKENIZER_ASSETS, VOCAB)
+    vocab = files.join(folder, TOKENIZER_ASSETS, VOCAB_FILE)
     return Preset(folder, "preset folder", folder, config, files.join(folder, WEIGHTS),
                   vocab if files.exists(vocab) else None, saved_fingerprint(folder), options)
 

@@ -33,11 +33,9 @@ import sys
 import numpy as np
 
 from txl_io import files
-from tf_records.vocabulary import VOCAB_FILE
 from txl_keras.models.config import TransformerXLConfig
 
 CONFIG = "config.json"
-VOCAB = VOCAB_FILE  # the run's vocabulary, named as a records folder's
 ORIGIN = "init_from.json"
 INDEX = "checkpoint.json"
 WEIGHTS = "model.weights.h5"

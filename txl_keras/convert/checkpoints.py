@@ -343,7 +343,8 @@ def write_converted(output, model, vocab=None, dataset=None):
     vocabulary vocab.json and corpus-info.json. Written whole (`files.staged_folder`): a
     second conversion into `output` is refused, an interrupted one completed."""
     from tf_records.build import CORPUS_INFO_FILE
-    from txl_keras.run_folder import CONFIG, INDEX, VOCAB, save_checkpoint
+    from tf_records.vocabulary import VOCAB_FILE
+    from txl_keras.run_folder import CONFIG, INDEX, save_checkpoint
 
     config = model.config
     if vocab is not None and len(vocab) != config.n_token:
@@ -352,7 +353,7 @@ def write_converted(output, model, vocab=None, dataset=None):
     with files.staged_folder(output, "a conversion", last=INDEX) as staging:
         files.atomic_write(files.join(staging, CONFIG), config.to_json())
         if vocab is not None:
-            vocab.save(files.join(staging, VOCAB))
+            vocab.save(files.join(staging, VOCAB_FILE))
             info = {"dataset": dataset, "vocab_size": len(vocab), "cutoffs": [0] + config.cutoffs + [config.n_token]}
             files.atomic_write(files.join(staging, CORPUS_INFO_FILE), json.dumps(info, indent=2))
         save_checkpoint(staging, 0, model, None)

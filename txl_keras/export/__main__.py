@@ -10,10 +10,10 @@ startup.start_program()  # first: the BFC CPU allocator, TensorFlow imported wit
 from absl import app, flags
 
 from txl_io import files, program
-from tf_records.vocabulary import Vocabulary
+from tf_records.vocabulary import VOCAB_FILE, Vocabulary
 from txl_keras import export  # its names load the exporter (Keras) on first use, after --help
 from txl_keras.models import sizes
-from txl_keras.run_folder import VOCAB, load_trained_model, require_config
+from txl_keras.run_folder import load_trained_model, require_config
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training folder (config.json, vocab.json and checkpoints).")
@@ -34,7 +34,7 @@ def main(argv):
         raise app.UsageError("--model_dir and --output are required.")
     if files.listdir(FLAGS.output):
         raise app.UsageError(f"--output={FLAGS.output} is not empty; choose a new folder (nothing is overwritten).")
-    vocab_path = FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB)
+    vocab_path = FLAGS.vocab or files.join(FLAGS.model_dir, VOCAB_FILE)
     vocabulary = Vocabulary.load(vocab_path) if FLAGS.vocab or files.exists(vocab_path) else None
     if FLAGS.check_memory:
         config = require_config(FLAGS.model_dir).with_memory(FLAGS.mem_len, FLAGS.clamp_len)
