@@ -6,8 +6,10 @@
 Each row counts the places that do one job, and lists them: where a job is done in more
 than one place, a fix to its meaning must be repeated in each. The rows:
 - memory types: the classes that hold a stream's memory;
-- memory field rewrites: `._replace(...)` on a memory outside the memory's own module;
-- generation loops: token loops (`while_loop`) of generation and the SavedModel;
+- memory field rewrites: `._replace(...)` of a memory's field (one of `InferenceCache`'s)
+  outside the memory's own module;
+- generation loops: token loops (`while_loop`) of the samplers, generation and the
+  SavedModel;
 - scoring paths: the code that scores targets through the memory with frozen weights
   (`call_with_cache(..., targets=...)`), the trainers' `Evaluation`, and the task's
   `evaluate` (Keras's test step);
@@ -51,6 +53,18 @@ def _calls(tree, attribute):
     return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
             and isinstance(node.func, (ast.Attribute, ast.Name))
             and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == attribute]
+
+
+def memory_fields():
+    """The field names of `InferenceCache` (the memory with frozen weights), read from its class."""
+    tree = _parse(MEMORY_MODULES[0])
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "InferenceCache")
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+
+
+def field_rewrites(tree, fields):
+    """`._replace(...)` calls that set one of `fields`."""
+    return [c for c in _calls(tree, "_replace") if any(k.arg in fields for k in c.keywords)]
 
 
 def _functions(tree):
@@ -113,6 +127,7 @@ def count():
     rows = {name: [] for name in ("memory types", "memory field rewrites", "generation loops", "scoring paths",
                                   "training steps", "optimizer recipes", "from_preset meanings",
                                   "import-time side effects")}
+    fields = memory_fields()
     for path in library_files():
         tree = _parse(path)
         is_program = path.endswith("__main__.py")
@@ -121,13 +136,13 @@ def count():
                     and path.startswith("txl_keras/layers/"):
                 rows["memory types"].append(f"{path}:{node.name}")
         if path not in MEMORY_MODULES:
-            rows["memory field rewrites"] += [f"{path}:{c.lineno}" for c in _calls(tree, "_replace")]
+            rows["memory field rewrites"] += [f"{path}:{c.lineno}" for c in field_rewrites(tree, fields)]
         rows["scoring paths"] += [f"{path}:{node.name}" for node in ast.walk(tree)
                                   if isinstance(node, ast.ClassDef) and node.name == "Evaluation"]
         rows["scoring paths"] += [f"{path}:{c.lineno}" for c in _calls(tree, "call_with_cache")
                                   if any(k.arg == "targets" for k in c.keywords) and not is_program
                                   and not path.startswith(("txl_keras/models/", "txl_keras/layers/"))]
-        if path.startswith(("txl_keras/generate/", "txl_keras/export/")):
+        if path.startswith(("txl_keras/generate/", "txl_keras/export/", "txl_keras/samplers.py")):
             rows["generation loops"] += [f"{path}:{c.lineno}" for c in _calls(tree, "while_loop")]
         for name, node in _functions(tree):
             short = name.rsplit(".", 1)[-1]

@@ -5,21 +5,32 @@
     TopKSampler(k, temperature, seed)        ... among the k most likely tokens
     TopPSampler(p, temperature, seed, k)     ... among the smallest set whose probability
                                              reaches p (the most likely token always kept)
-    BeamSampler(num_beams, length_penalty)   beam search (`txl_keras.generate.beam_search`)
+    BeamSampler(num_beams, length_penalty)   beam search
 
 `get("top_k")` (what `TransformerXLCausalLM.compile(sampler=...)` takes) gives a sampler
 by name with KerasHub's defaults (k=5, p=0.1, num_beams=5), or passes a sampler through.
 
-A sampler maps log-probabilities `(batch_size, n_token)` and one key per row, int32
+A sampler owns its search, as KerasHub's do: `begin` lays out its state (`SearchState`)
+and `search` runs its token loop, one `keras.ops.while_loop` of up to `steps` steps, with
+`next(last, cache, in_place)` -> `(log-probabilities (streams, n_token), cache)`, the
+model's step against the memory, given by the caller (`txl_keras.generate`, the SavedModel).
+A token sampler maps log-probabilities `(batch_size, n_token)` and one key per row, int32
 `(batch_size, 2)` = (seed, how many tokens that row has generated), to token ids int32
-`(batch_size,)`. A draw is a pure function of its row's key and log-probabilities: a
-prompt gives the same text alone or in any batch, for the same seed. Draws use
-`keras.ops` and one stateless uniform draw per row and backend (Gumbel-max), so
-generation runs compiled on TensorFlow, JAX and PyTorch.
+`(batch_size,)` (`get_next_token`); its search takes one token per row and step. Beam
+search keeps `num_beams` streams per prompt and reorders them (and their memory) at every
+step. A new search strategy is one subclass: `get_next_token` (a token sampler), or
+`choose` (one step's tokens and the streams they continue), with `begin` and
+`best_streams` where it keeps several streams per prompt.
+
+A draw is a pure function of its row's key and log-probabilities: a prompt gives the same
+text alone or in any batch, for the same seed. Draws use `keras.ops` and one stateless
+uniform draw per row and backend (Gumbel-max), so generation runs compiled on TensorFlow,
+JAX and PyTorch.
 """
 
 import math
 import random
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -74,21 +85,64 @@ _TINIEST_TEMPERATURE = float(np.finfo(np.float32).tiny)
 
 
 def scaled_logits(log_probs, temperature):
-    """(`temperature` a number or a float32 scalar tensor) float32 `(log_probs - max) / temperature` of each row: the most likely token at 0, so
-    that a tiny temperature leaves it the only finite logit (greedy) instead of overflowing."""
+    """float32 `(log_probs - max) / temperature` of each row (`temperature` a number or a
+    float32 scalar tensor): the most likely token at 0, so that a tiny temperature leaves it
+    the only finite logit (greedy) instead of overflowing."""
     log_probs = ops.cast(log_probs, "float32")
     centered = log_probs - ops.max(log_probs, axis=-1, keepdims=True)
     return centered / ops.maximum(ops.cast(temperature, "float32"), _TINIEST_TEMPERATURE)
 
 
+class SearchState(NamedTuple):
+    """A search between two of its steps, one entry per stream (`streams` = prompts x
+    `streams_per_prompt`).
+
+    Fields:
+        step: int32 scalar, the steps taken (every stream's count of new tokens).
+        last: int32 `(streams,)`, each stream's last token.
+        done: bool `(streams,)`, streams that have ended (at a stop token or their limit).
+        lengths: int32 `(streams,)`, new tokens of each stream, its stop token included.
+        scores: float32 `(streams,)`, each stream's log-likelihood (beam search's).
+        cache: the streams' memory (`txl_keras.layers.InferenceCache`).
+        limits: int32 `(streams,)`, the most new tokens of each stream.
+        seeds: int32 `(streams,)`, each stream's seed.
+    """
+
+    step: object
+    last: object
+    done: object
+    lengths: object
+    scores: object
+    cache: object
+    limits: object
+    seeds: object
+
+
+def _stopped(token, stop_ids):
+    """bool `(streams,)`: `token` is one of `stop_ids` (int32 `(S,)`, -1 for none)."""
+    return ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
+
+
+def _record(buffer, i, values):
+    """`buffer` `(streams, width)` with column `i` set to `values` `(streams,)`."""
+    return ops.slice_update(buffer, (0, i), values[:, None])
+
+
 class Sampler:
-    """Base class: `sampler(log_probs, keys)` -> int32 `(batch_size,)`; subclasses
-    implement `get_next_token`.
+    """Base class: a sampler's search (`begin`, `search`, `best_streams`), one loop for
+    every sampler, taking the tokens `choose` gives at each step. A token sampler,
+    `sampler(log_probs, keys)` -> int32 `(batch_size,)`, implements `get_next_token`.
 
     Args:
         temperature: float > 0, divides the log-probabilities before a draw.
         seed: int in [0, 2**31) or None (a new seed for every `generate` call).
     """
+
+    streams_per_prompt = 1  # memory streams one prompt takes
+    reorders_streams = False  # `choose` gives parents (the memory then follows them)
+    streams_tokens = True  # each token is final once drawn (so `stream` can show it)
+    draws = True  # takes a seed
+    progress_name = "Generation"  # how its progress log line starts
 
     def __init__(self, temperature=1.0, seed=None):
         if not _is_number(temperature) or not temperature > 0:
@@ -109,6 +163,62 @@ class Sampler:
     def get_next_token(self, log_probs, keys):
         raise NotImplementedError
 
+    def begin(self, last, cache, limits, seeds):
+        """The state of a search of the prompts whose last tokens are `last` int32
+        `(prompts,)` and memory `cache`, up to `limits` new tokens (int32 `(prompts,)`),
+        drawn with `seeds` (int32 `(prompts,)`)."""
+        streams = ops.shape(last)[0]
+        return SearchState(ops.convert_to_tensor(0, "int32"), last, limits <= 0, ops.zeros((streams,), "int32"),
+                           ops.zeros((streams,), "float32"), cache, limits, seeds)
+
+    def choose(self, log_probs, state):
+        """One step's choice from `log_probs` float `(streams, n_token)`: `(tokens int32
+        (streams,), parents, scores float32 (streams,))`, `parents` int32 `(streams,)` the
+        stream each continues (its memory and tokens so far), or None: each its own. A
+        token sampler draws a token per stream keyed `(seed, step)`; a stream that has
+        ended repeats its last token."""
+        keys = ops.stack([state.seeds, ops.full(ops.shape(state.seeds), state.step, "int32")], axis=1)
+        token = ops.where(state.done, state.last, ops.cast(self(log_probs, keys), "int32"))
+        return token, None, state.scores
+
+    def search(self, next, state, steps, stop_ids, width):
+        """Up to `steps` (int32 scalar, at most `width`) steps of the search, ending early
+        once every stream is done: `(state, tokens int32 (streams, width): column i the
+        token each stream took at step i of this call, parents: int32 (streams, width) the
+        stream of the step before that each continued, or None when every stream continues
+        itself, steps taken)`. A stream ends at one of `stop_ids` (int32 `(S,)`; `[-1]` for
+        none) or at its limit. A search whose streams stay in place writes the memory's
+        rings in place (`InferenceCache.owned`)."""
+        reorders = self.reorders_streams
+
+        def cond(i, state, tokens, parents):
+            return ops.logical_and(i < steps, ops.logical_not(ops.all(state.done)))
+
+        def body(i, state, tokens, parents):
+            log_probs, cache = next(state.last, state.cache, not reorders)
+            token, parent, scores = self.choose(log_probs, state)
+            was_done, lengths = state.done, state.lengths
+            if reorders:
+                was_done, lengths = ops.take(was_done, parent, axis=0), ops.take(lengths, parent, axis=0)
+                cache, parents = cache.reordered(parent), _record(parents, i, parent)
+            lengths = lengths + ops.cast(ops.logical_not(was_done), "int32")
+            done = was_done | _stopped(token, stop_ids) | (state.step + 1 >= state.limits)
+            state = state._replace(step=state.step + 1, last=token, done=done, lengths=lengths, scores=scores,
+                                   cache=cache)
+            return i + 1, state, _record(tokens, i, token), parents
+
+        streams = ops.shape(state.last)[0]
+        buffer = ops.zeros((streams, width), "int32")
+        i, state, tokens, parents = ops.while_loop(
+            cond, body, (ops.convert_to_tensor(0, "int32"), state if reorders else state._replace(
+                cache=state.cache.owned()), buffer, buffer if reorders else ops.zeros((streams, 0), "int32")))
+        return state, tokens, parents if reorders else None, i
+
+    def best_streams(self, scores, lengths):
+        """The stream whose tokens continue each prompt: int `(prompts,)`, from a finished
+        search's `scores` and `lengths` (numpy `(streams,)`)."""
+        return np.arange(len(lengths))
+
     def get_config(self):
         return {"temperature": self.temperature, "seed": self.seed}
 
@@ -119,6 +229,8 @@ class Sampler:
 
 class GreedySampler(Sampler):
     """The most likely token (deterministic)."""
+
+    draws = False
 
     def __init__(self):
         super().__init__()
@@ -196,9 +308,10 @@ class TopPSampler(RandomSampler):
 
 
 class BeamSampler(Sampler):
-    """Beam search: the `num_beams` most likely continuations are kept at every step
-    (the memory cache reordered with them), and the best final beam by
+    """Beam search: the `num_beams` most likely continuations of each prompt are kept at
+    every step (the memory reordered with them), and the best final beam by
     `log-likelihood / new_tokens ** length_penalty` is returned. `num_beams=1` is greedy.
+    A beam that has ended (at a stop token or its limit) stays, at no cost, as it is.
 
     Args:
         num_beams: int >= 1.
@@ -214,9 +327,48 @@ class BeamSampler(Sampler):
                              f"length_penalty={length_penalty!r}")
         self.num_beams, self.length_penalty = int(num_beams), float(length_penalty)
 
-    def get_next_token(self, log_probs, keys):
-        raise ValueError("BeamSampler picks whole continuations (txl_keras.generate.beam_search), not one token "
-                         "at a time; use it through generate.")
+    streams_tokens = False  # a beam's tokens are known only when the search ends
+    reorders_streams = True
+    draws = False
+
+    @property
+    def streams_per_prompt(self):
+        return self.num_beams
+
+    @property
+    def progress_name(self):
+        return f"Beam search with {self.num_beams} beams"
+
+    def begin(self, last, cache, limits, seeds):
+        """Every prompt's state `num_beams` times in a row (its beams: streams
+        `p * num_beams` to `(p + 1) * num_beams - 1`)."""
+        state = super().begin(last, cache.repeated(self.num_beams), limits, seeds)
+        beams = lambda x: ops.repeat(x, self.num_beams, axis=0)  # noqa: E731
+        return state._replace(last=beams(state.last), done=beams(state.done), lengths=beams(state.lengths),
+                              scores=beams(state.scores), limits=beams(state.limits), seeds=beams(state.seeds))
+
+    def choose(self, log_probs, state):
+        """Each prompt's `num_beams` most likely continuations of its beams."""
+        beams = self.num_beams
+        streams = ops.shape(state.last)[0]
+        first_beam = (ops.arange(streams) // beams) * beams  # the first stream of each stream's prompt
+        log_probs = ops.cast(log_probs, "float32")
+        vocabulary = ops.shape(log_probs)[1]
+        # a beam that has ended continues only with its last token, at no cost
+        repeat = ops.where(ops.arange(vocabulary)[None] == state.last[:, None], 0.0, -np.inf)
+        log_probs = ops.where(state.done[:, None], repeat, log_probs)
+        # at the first step every beam of a prompt is the prompt: only the first one spreads
+        first = ops.logical_and(state.step == 0, ops.arange(streams) > first_beam)
+        total = ops.where(first[:, None], -np.inf, state.scores[:, None] + log_probs)
+        scores, flat = ops.top_k(ops.reshape(total, (-1, beams * vocabulary)), beams)
+        parent = ops.cast(ops.reshape(flat // vocabulary, (-1,)) + first_beam, "int32")
+        token = ops.cast(ops.reshape(flat % vocabulary, (-1,)), "int32")
+        return token, parent, ops.reshape(scores, (-1,))
+
+    def best_streams(self, scores, lengths):
+        """Each prompt's beam of the best `scores / lengths ** length_penalty`."""
+        normalized = scores / np.maximum(lengths, 1).astype("float64") ** self.length_penalty
+        return np.argmax(normalized.reshape(-1, self.num_beams), axis=1) + np.arange(0, len(scores), self.num_beams)
 
     def get_config(self):
         return {"num_beams": self.num_beams, "length_penalty": self.length_penalty}

@@ -168,3 +168,16 @@ def test_the_named_conversions_move_whole_streams_and_layers():
     np.testing.assert_array_equal(ops.convert_to_numpy(joined.rings[0]), np.concatenate(
         [rings[0], rings[0][:, [1]]], axis=1))
     assert ops.convert_to_numpy(joined.valid).tolist() == [2, 2, 2, 2]
+
+
+def test_a_count_per_stream_moves_with_its_stream():
+    """Streams of prompts of different lengths (`per_row`) keep their own count of real
+    rows when repeated for beams and reordered."""
+    rings = (ops.convert_to_tensor(np.arange(2 * 3 * 4 * 1, dtype="float32").reshape(2, 3, 4, 1)),)
+    cache = InferenceCache(rings, ops.array(0, "int32"), ops.convert_to_tensor(np.array([1, 3, 4], "int32")))
+    repeated = cache.repeated(2)
+    assert ops.convert_to_numpy(repeated.valid).tolist() == [1, 1, 3, 3, 4, 4]
+    reordered = repeated.reordered(ops.convert_to_tensor(np.array([5, 0, 2], "int32")))
+    assert ops.convert_to_numpy(reordered.valid).tolist() == [4, 1, 3]
+    np.testing.assert_array_equal(ops.convert_to_numpy(reordered.rings[0]),
+                                  ops.convert_to_numpy(rings[0])[:, [2, 0, 1]])

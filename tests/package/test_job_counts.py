@@ -18,6 +18,13 @@ def test_module_level_effects_are_found_and_a_main_guard_is_not_one():
     assert count_jobs.module_level_effects(tree) == [4, 5, 9]
 
 
+def test_a_rewrite_of_a_memory_field_is_found_and_one_of_another_tuple_is_not():
+    fields = count_jobs.memory_fields()
+    assert {"rings", "offset", "valid"} <= fields
+    tree = ast.parse("cache._replace(rings=r)\nstate._replace(step=1)\nx._replace(valid=v, step=2)\n")
+    assert [c.lineno for c in count_jobs.field_rewrites(tree, fields)] == [1, 3]
+
+
 def test_no_field_rewrites_outside_the_memory_and_no_import_side_effects():
     rows, probes = count_jobs.count()
     assert rows["memory field rewrites"] == [], rows["memory field rewrites"]

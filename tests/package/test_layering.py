@@ -35,6 +35,8 @@ FORBIDDEN = {
     "txl_keras.generate": ["txl_keras.training", "txl_keras.export", "txl_keras.convert"] + _TASK_AND_PRESETS,
     "txl_keras.convert": ["txl_keras.training", "txl_keras.export", "txl_keras.generate"] + _TASK_AND_PRESETS,
     "txl_keras.schedules": ["txl_keras.models", "txl_keras.layers", "txl_keras.samplers"] + _ABOVE_LAYERS,
+    "txl_keras.optimizers": ["txl_keras.models", "txl_keras.layers", "txl_keras.samplers", "txl_keras.schedules"]
+    + _ABOVE_LAYERS,
     "txl_keras.samplers": ["txl_keras.models", "txl_keras.run_folder", "txl_keras.training", "txl_keras.export",
                            "txl_keras.generate", "txl_keras.convert", "tf_records"] + _TASK_AND_PRESETS,
     "txl_keras.presets": ["txl_keras.training", "txl_keras.export", "txl_keras.generate", "txl_keras.tasks"],

@@ -12,11 +12,16 @@ from tf_records.vocabulary import Vocabulary
 from txl_keras import (TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLConfig,
                        TransformerXLLM, TransformerXLTokenizer)
 from txl_keras import samplers
-from txl_keras.generate import beam_search
+from txl_keras.generate import generate
 
 WORDS = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "theta"]
 PROMPTS = ["alpha beta", "gamma", "delta kappa omega sigma", "alpha beta gamma delta kappa omega sigma theta alpha",
            "theta\nalpha"]
+
+
+def beam_search(model, prompt, max_new_tokens, sampler):
+    """The new tokens of the best beam of one prompt (1-D ids)."""
+    return generate(model, [prompt], max_new_tokens, sampler=sampler)[0][len(prompt):]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +36,7 @@ def lm():
 
 @pytest.mark.parametrize("sampler", ["greedy", samplers.TopKSampler(k=4, seed=3),
                                      samplers.TopPSampler(p=0.9, temperature=1.5, seed=5),
-                                     samplers.RandomSampler(seed=11)])
+                                     samplers.RandomSampler(seed=11), samplers.BeamSampler(num_beams=3)])
 def test_a_batch_of_prompts_of_any_lengths_equals_each_prompt_alone(lm, sampler):
     together = lm.generate(PROMPTS, max_new_tokens=9, sampler=sampler, stop_token_ids=None)
     alone = [lm.generate(p, max_new_tokens=9, sampler=sampler, stop_token_ids=None) for p in PROMPTS]
@@ -139,7 +144,7 @@ def test_streaming_joins_to_generate(lm):
     assert len(pieces) > 1
     assert "".join(pieces) == lm.generate("alpha beta", max_new_tokens=12, sampler=sampler, stop_token_ids=None,
                                           strip_prompt=True)
-    with pytest.raises(ValueError, match="Beam search chooses its tokens at the end"):
+    with pytest.raises(ValueError, match="BeamSampler chooses its tokens at the end"):
         list(lm.stream("alpha", max_new_tokens=2, sampler="beam"))
 
 

@@ -235,27 +235,35 @@ def test_generation_refuses_what_cannot_fit_before_any_work(lm, monkeypatch):
     assert len(lm.generate("ROMEO:", max_new_tokens=3, stop_token_ids=None)) == len("ROMEO:") + 3
 
 
-def test_a_signal_stops_a_long_generation_after_one_piece_of_its_loop(lm, ctrl_c_raises):
-    """Ctrl-C during a compiled piece of the token loop is handled when the piece returns:
-    the rest of the generation never runs."""
-    lm.generate("ROMEO:", max_new_tokens=3, stop_token_ids=None)  # the token loop compiled
-    (key, decode), = [(k, f) for k, f in generation._COMPILED[lm.model].items() 
-                      if k[0] == "decode" and k[2][0] == "GreedySampler" and k[4] == ()]
-    widths = []
+def _interrupted_after_one_piece(lm, sampler, generate):
+    """The steps of each piece a generation with `sampler` ran, Ctrl-C raised while its
+    first piece ran (its compiled search already traced)."""
+    (key, search), = [(k, f) for k, f in generation._COMPILED[lm.model].items()
+                      if k[0] == "decode" and k[2] == generation._sampler_key(sampler) and k[4] == ()]
+    taken = []
 
-    def interrupted_piece(*args):
-        out = decode(*args)
-        widths.append(out[0].shape[1])
+    def interrupted_piece(state, steps, inputs):
+        out = search(state, steps, inputs)
+        taken.append(int(out[3]))
         signal.raise_signal(signal.SIGINT)  # Ctrl-C while the piece ran
         return out
 
     generation._COMPILED[lm.model][key] = interrupted_piece
     try:
         with pytest.raises(KeyboardInterrupt):
-            lm.generate("ROMEO:", max_new_tokens=30_000, stop_token_ids=None)
+            generate()
     finally:
-        generation._COMPILED[lm.model][key] = decode
-    assert widths == [generation.DECODE_CHUNK]  # one piece of 64 tokens of the 30,000
+        generation._COMPILED[lm.model][key] = search
+    return taken
+
+
+def test_a_signal_stops_a_long_generation_after_one_piece_of_its_loop(lm, ctrl_c_raises):
+    """Ctrl-C during a compiled piece of the token loop is handled when the piece returns:
+    the rest of the generation never runs."""
+    lm.generate("ROMEO:", max_new_tokens=3, stop_token_ids=None)  # the token loop compiled
+    taken = _interrupted_after_one_piece(
+        lm, samplers.GreedySampler(), lambda: lm.generate("ROMEO:", max_new_tokens=30_000, stop_token_ids=None))
+    assert taken == [1]  # the first piece is one step; the later ones last about generation.PIECE_S
 
 
 # -- what travels with a model ------------------------------------------------------------------
@@ -340,22 +348,8 @@ def test_beam_search_runs_in_pieces_that_continue_each_other_and_a_signal_stops_
     greedy = lm.generate("ROMEO:", max_new_tokens=steps, stop_token_ids=None, sampler="greedy")
     assert lm.generate("ROMEO:", max_new_tokens=steps, stop_token_ids=None,
                        sampler=samplers.BeamSampler(num_beams=1)) == greedy
-    settings = lm.model.config.with_memory()
-    key = ("beam", settings.to_json(), 2, 30_000, ())
-    search = generation._compiled_beam(lm.model, settings, 2, 30_000, ())
-    pieces = []
-
-    def interrupted_piece(piece, *state):
-        out = search(piece, *state)
-        pieces.append(int(out[0]) - int(state[0]))
-        signal.raise_signal(signal.SIGINT)
-        return out
-
-    generation._COMPILED[lm.model][key] = interrupted_piece
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            lm.generate("ROMEO:", max_new_tokens=30_000, stop_token_ids=None,
-                        sampler=samplers.BeamSampler(num_beams=2))
-    finally:
-        del generation._COMPILED[lm.model][key]
-    assert pieces == [1]  # the first piece is one step; the later ones last about generation.PIECE_S
+    two = samplers.BeamSampler(num_beams=2)
+    lm.generate("ROMEO:", max_new_tokens=2, stop_token_ids=None, sampler=two)  # its search compiled
+    taken = _interrupted_after_one_piece(
+        lm, two, lambda: lm.generate("ROMEO:", max_new_tokens=30_000, stop_token_ids=None, sampler=two))
+    assert taken == [1]

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_keras.training.optimizer import Adam, adam_update
+from txl_keras import optimizers
+from txl_keras.optimizers import adam_update
 from txl_keras.schedules import learning_rate
+from txl_keras.training.optimizer import Adam
 
 
 def test_cosine_with_warmup_matches_formula():
@@ -61,3 +63,28 @@ def test_the_keras_ops_adam_step_is_the_fused_kernels():
         np.testing.assert_allclose(x, var.numpy(), rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(m, fused.m[0].numpy(), rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(v, fused.v[0].numpy(), rtol=3e-5, atol=1e-9)
+
+
+def test_fits_optimizer_is_the_trainers_recipe_clipping_included():
+    """`optimizers.adam()` (what `compile()` gives `fit`) against a numpy re-derivation of
+    the trainers' step: the global norm clipped to 0.25, then Adam with epsilon 1e-8."""
+    rng = np.random.default_rng(2)
+    inits = [rng.normal(size=(3, 2)).astype("float32"), rng.normal(size=(4,)).astype("float32")]
+    variables = [tf.Variable(x) for x in inits]
+    optimizer = optimizers.adam(0.01)
+    xs = [x.astype(np.float64) for x in inits]
+    ms = [np.zeros_like(x) for x in xs]
+    vs = [np.zeros_like(x) for x in xs]
+    for t in range(1, 6):
+        grads = [rng.normal(size=x.shape).astype("float32") * 3.0 for x in inits]
+        optimizer.apply_gradients(zip([tf.constant(g) for g in grads], variables))
+        norm = math.sqrt(sum(float(np.sum(np.square(g.astype(np.float64)))) for g in grads))
+        factor = min(1.0, 0.25 / norm)
+        alpha = 0.01 * math.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+        for k, g in enumerate(grads):
+            g = g * factor
+            ms[k] = 0.9 * ms[k] + 0.1 * g
+            vs[k] = 0.999 * vs[k] + 0.001 * g * g
+            xs[k] = xs[k] - alpha * ms[k] / (np.sqrt(vs[k]) + 1e-8)
+    for variable, x in zip(variables, xs):
+        np.testing.assert_allclose(variable.numpy(), x, rtol=1e-5, atol=1e-6)

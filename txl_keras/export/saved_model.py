@@ -204,7 +204,7 @@ def _generate_signature(model, serving, tokenizer):
     """`generate(prompts, max_new_tokens, temperature, top_k, seed)` -> `texts`: the whole
     generation in the graph, each prompt as `TransformerXLCausalLM.generate` continues it
     alone (to the vocabulary's end symbol), strings in and out."""
-    stops = () if tokenizer.end_token_id is None else (tokenizer.end_token_id,)
+    stop_ids = tf.constant([-1 if tokenizer.end_token_id is None else tokenizer.end_token_id], tf.int32)
     segment = serving.tgt_len
 
     def one(prompt, max_new_tokens, sampler, seed):
@@ -229,12 +229,10 @@ def _generate_signature(model, serving, tokenizer):
         rest = context[:, full * segment:]
         cache = tf.cond(tf.shape(rest)[1] > 0, lambda: advance(rest, cache), lambda: cache)
         cache = generation.ready_for_steps(model, cache, serving)
-        new = generation.decode_loop(model, serving, sampler, max_new_tokens, stops, tf.reshape(ids[-1:], [1]), cache,
-                                     tf.reshape(max_new_tokens, [1]), tf.reshape(seed, [1]))[0][0]
-        if stops:  # up to and including the first stop token
-            hits = tf.where(tf.equal(new, stops[0]))[:, 0]
-            new = new[: tf.cond(tf.size(hits) > 0, lambda: tf.cast(hits[0], tf.int32) + 1,
-                                lambda: tf.shape(new)[0])]
+        state = sampler.begin(tf.reshape(ids[-1:], [1]), cache, tf.reshape(max_new_tokens, [1]), tf.reshape(seed, [1]))
+        state, tokens, _, _ = sampler.search(generation.model_step(model, serving), state, max_new_tokens, stop_ids,
+                                             max_new_tokens)
+        new = tokens[0, :state.lengths[0]]  # up to and including its stop token
         return tokenizer.detokenize(tf.concat([ids, new], 0))
 
     def generate(prompts, max_new_tokens, temperature, top_k, seed):

@@ -1,4 +1,4 @@
-"""Generation and scoring (`generate`, `stream`, `beam_search`, `score`): `txl_keras.generate.loop`.
+"""Generation and scoring (`generate`, `stream`, `score`): `txl_keras.generate.loop`.
 
 Importing the package imports nothing heavy (so that `python -m txl_keras.generate` starts
 quietly): each name loads `txl_keras.generate.loop` on first use.

@@ -28,17 +28,16 @@ from keras import ops
 
 from txl_keras.layers import InferenceCache
 from txl_keras.models import sizes
-from txl_keras.samplers import (BeamSampler, GreedySampler, RandomSampler, Sampler, TopKSampler, TopPSampler,
-                                sampler_from)
+from txl_keras.samplers import BeamSampler, GreedySampler, RandomSampler, TopKSampler, TopPSampler, sampler_from
 
-__all__ = ["beam_search", "generate", "score", "stream"]
+__all__ = ["generate", "score", "stream"]
 
-BUILT_IN_SAMPLERS = (GreedySampler, RandomSampler, TopKSampler, TopPSampler)
-DECODE_CHUNK = 64  # new tokens per compiled call of the token loop
+BUILT_IN_SAMPLERS = (GreedySampler, RandomSampler, TopKSampler, TopPSampler, BeamSampler)
+DECODE_CHUNK = 64  # steps per compiled call of a search, at most
 _COMPILED = weakref.WeakKeyDictionary()  # model -> {generation or scoring settings: compiled steps}
 _COMPILED_STATE = weakref.WeakKeyDictionary()  # model -> (its quantization, its LoRA rank) when they were traced
-PROGRESS_AFTER_S = 2.0  # a beam search running longer logs its step after each piece
-PIECE_S = 1.0  # a beam search sizes its pieces to about this long (at most DECODE_CHUNK steps)
+PROGRESS_AFTER_S = 2.0  # a search running longer logs its step after each piece
+PIECE_S = 1.0  # a search sizes its pieces to about this long (at most DECODE_CHUNK steps)
 logger = logging.getLogger(__name__)
 
 
@@ -120,10 +119,12 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
     an int, or one per row) and of how many tokens the row has generated, so a row gives
     the same text alone or in a batch. A row ends at the first of `stop_token` (an id or a
     tuple of ids), kept, and nothing follows it; `max_new_tokens` may be one int per row.
-    `mem_len` (default: the config's) bounds the context the model sees. The token loop
-    runs in compiled pieces of `DECODE_CHUNK` steps, so Ctrl-C stops a long generation
-    between two pieces. `check_memory` refuses, with the figures, a call whose memory
-    (the model's, and the new tokens') exceeds what this machine has available.
+    `mem_len` (default: the config's) bounds the context the model sees. The search runs in
+    compiled pieces of about `PIECE_S` seconds (at most `DECODE_CHUNK` steps), so Ctrl-C
+    stops a long generation between two pieces; once it has run `PROGRESS_AFTER_S` seconds,
+    each piece logs its step on this module's logger (INFO). `check_memory` refuses, with
+    the figures, a call whose memory (the model's, and the new tokens') exceeds what this
+    machine has available.
 
     Returns, for an array prompt, int32 numpy `(batch, P + max(max_new_tokens))`, each
     row padded with -1 after its last token (its stop token, or its own limit); for a
@@ -142,13 +143,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
     settings = config.with_memory(mem_len, clamp_len, same_length)
     if check_memory:
         require_generation_memory(settings, len(rows), int(limits.max()), sampler)
-    new = [None] * len(rows)
-    if isinstance(sampler, BeamSampler):
-        for r, ids in enumerate(rows):
-            new[r] = beam_search(model, ids, int(limits[r]), sampler, stops, settings)
-    else:
-        out = _generate_rows(model, settings, sampler, rows, limits, seeds, stops)
-        new = [_until_stop(tokens[: limits[r]], stops) for r, tokens in enumerate(out)]
+    new = _search(model, settings, sampler, rows, limits, seeds, stops)
     if ragged:
         return [np.concatenate([ids, n]).astype("int32") for ids, n in zip(rows, new)]
     width = int(limits.max())
@@ -160,10 +155,11 @@ def require_generation_memory(settings, rows, new_tokens, sampler, bytes_per_tok
     """Refuse (`sizes.MemoryEstimateError`, one line with the figures) a generation whose
     memory exceeds what is available: the model's inference (`sizes.inference_bytes`, the
     beams included) and, per new token of every row, its ids twice (the pieces and the
-    joined result) and `bytes_per_token` more (the text a caller makes of them)."""
-    beams = sampler.num_beams if isinstance(sampler, BeamSampler) else 1
+    joined result; a beam's parents once more) and `bytes_per_token` more (the text a
+    caller makes of them)."""
+    beams = sampler.streams_per_prompt
     needed = sizes.inference_bytes(settings, rows * beams, scored_tokens=rows * beams, beam_search=beams > 1)
-    needed += rows * new_tokens * (2 * 4 * beams + bytes_per_token)
+    needed += rows * new_tokens * ((3 if beams > 1 else 2) * 4 * beams + bytes_per_token)  # + beams' parents
     sizes.require_memory(needed, f"Generating {new_tokens:,} new tokens for {rows} prompt(s) at "
                                  f"mem_len={settings.mem_len}", override=override)
 
@@ -171,13 +167,6 @@ def require_generation_memory(settings, rows, new_tokens, sampler, bytes_per_tok
 def _is_matrix(prompt):
     """An array (numpy or a backend's tensor) of prompts of one length; a list is ragged."""
     return not isinstance(prompt, (list, tuple)) and np.ndim(prompt) == 2
-
-
-def _until_stop(tokens, stops):
-    for k, token in enumerate(tokens):
-        if int(token) in stops:
-            return np.asarray(tokens[: k + 1], "int32")
-    return np.asarray(tokens, "int32")
 
 
 # A built-in sampler's numbers that enter its compiled steps as inputs: a new temperature or
@@ -257,38 +246,70 @@ def _compiled_feed(model, settings):
     return compile_for_backend(compile_model, feed)
 
 
-def _generate_rows(model, settings, sampler, rows, limits, seeds, stops):
-    """New tokens int32 `(batch, max(limits))` of prompts `rows` (1-D ids of any lengths;
-    a stopped or finished row repeats its last token): the contexts of each length go
-    through the memory together, then every row takes its steps in one batch, in compiled
-    pieces of `DECODE_CHUNK` steps (a Python signal, Ctrl-C, is handled between two)."""
-    steps = int(limits.max())
-    if steps == 0:
-        return np.zeros((len(rows), 0), "int32")
-    key = ("decode", settings.to_json(), _sampler_key(sampler), DECODE_CHUNK, stops)
-    decode = _compiled(model, key, lambda: _compiled_decode(model, settings, sampler, DECODE_CHUNK, stops))
+def _prompts_cache(model, rows, settings):
+    """`(order, cache, last)` of prompts `rows` (1-D ids of any lengths): the contexts of
+    each length go through the memory together, then their caches join in `order` (the
+    rows by length), each row counting its own real memory slots; `last` int32 `(rows,)`
+    the last token of each, in that order."""
     order, caches = [], []
     for length in sorted({len(ids) for ids in rows}):
         group = [r for r, ids in enumerate(rows) if len(ids) == length]
         order += group
         caches.append(prompt_cache(model, np.stack([rows[r] for r in group]), settings))
     # one offset for all: the longest prompts' (the most rows written)
-    caches = [c.per_row(caches[-1].offset) for c in caches]
-    cache = InferenceCache.joined(caches)
-    last = ops.convert_to_tensor(np.asarray([rows[r][-1] for r in order], "int32"))
-    limits, seeds = ops.convert_to_tensor(limits[order]), ops.convert_to_tensor(seeds[order])
-    done, inputs = limits <= 0, _sampler_inputs(sampler)
-    pieces = []
-    for start in range(0, steps, DECODE_CHUNK):
-        new, last, done, cache = decode(last, done, cache, limits, seeds, ops.convert_to_tensor(start, "int32"), inputs)
-        pieces.append(ops.convert_to_numpy(new))
-        if bool(ops.convert_to_numpy(ops.all(done))):
+    cache = InferenceCache.joined([c.per_row(caches[-1].offset) for c in caches])
+    return order, cache, ops.convert_to_tensor(np.asarray([rows[r][-1] for r in order], "int32"))
+
+
+def _search(model, settings, sampler, rows, limits, seeds, stops):
+    """The new tokens of each prompt of `rows` (1-D ids of any lengths), up to its stop
+    token or `limits[r]`: a list of int32 arrays. The sampler's search runs on every
+    prompt at once, in compiled pieces sized to about `PIECE_S` seconds (the first one
+    step)."""
+    steps = int(limits.max())
+    if steps == 0:
+        return [np.zeros((0,), "int32") for _ in rows]
+    search = _compiled_search(model, settings, sampler, stops)
+    order, cache, last = _prompts_cache(model, rows, settings)
+    state = sampler.begin(last, cache, ops.convert_to_tensor(limits[order]), ops.convert_to_tensor(seeds[order]))
+    inputs = _sampler_inputs(sampler)
+    tokens, parents = [], []
+    started, piece = time.monotonic(), 1
+    while True:
+        piece_started = time.monotonic()
+        state, new, new_parents, taken = search(state, ops.convert_to_tensor(piece, "int32"), inputs)
+        taken = int(ops.convert_to_numpy(taken))
+        tokens.append(ops.convert_to_numpy(new)[:, :taken])
+        if new_parents is not None:
+            parents.append(ops.convert_to_numpy(new_parents)[:, :taken])
+        step = int(ops.convert_to_numpy(state.step))
+        if step >= steps or bool(ops.convert_to_numpy(ops.all(state.done))):
             break
-    new = np.concatenate(pieces, axis=1)[:, :steps]
-    out = np.empty((len(rows), steps), "int32")
-    out[order, : new.shape[1]] = new
-    out[order, new.shape[1]:] = new[:, -1:]
-    return out
+        piece = int(np.clip(PIECE_S / max((time.monotonic() - piece_started) / max(taken, 1), 1e-9), 1,
+                            DECODE_CHUNK))
+        if time.monotonic() - started >= PROGRESS_AFTER_S:
+            logger.info("%s: step %d of at most %d (%.0f s)", sampler.progress_name, step, steps,
+                        time.monotonic() - started)
+    lengths = ops.convert_to_numpy(state.lengths)
+    best = sampler.best_streams(ops.convert_to_numpy(state.scores), lengths)
+    paths = _paths(np.concatenate(tokens, axis=1), np.concatenate(parents, axis=1) if parents else None, best)
+    new = [None] * len(rows)
+    for r, stream, path in zip(order, best, paths):
+        new[r] = path[: lengths[stream]].astype("int32")
+    return new
+
+
+def _paths(tokens, parents, streams):
+    """The tokens of each of `streams` from the first step: its own row of `tokens`
+    (streams, T), or, with `parents`, the row of the stream it continued at each step."""
+    if parents is None:
+        return tokens[streams]
+    paths = np.empty((len(streams), tokens.shape[1]), tokens.dtype)
+    at = np.asarray(streams)
+    for t in range(tokens.shape[1] - 1, -1, -1):
+        paths[:, t] = tokens[at, t]
+        at = parents[at, t]
+    return paths
 
 
 def step_memory(settings):
@@ -296,158 +317,59 @@ def step_memory(settings):
     return dict(mem_len=settings.mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
 
 
-def next_token(model, settings, sampler, last, cache, seeds, step, in_place=False):
-    """One step of every row: `(the next tokens int32 (B,), the cache)` after `last` (B,),
-    drawn with the keys `(seeds[r], step)`; `in_place` as in `call_with_cache`."""
-    out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, in_place=in_place,
-                                       **step_memory(settings))
-    keys = ops.stack([seeds, ops.full(ops.shape(seeds), step, "int32")], axis=1)
-    return ops.cast(sampler(out["log_probs"][:, 0], keys), "int32"), cache
-
-
-def decode_loop(model, settings, sampler, steps, stops, last, cache, limits, seeds, done=None, start=0):
-    """The token loop: up to `steps` one-token steps from the last tokens `last` (B,)
-    against `cache`, the `start`-th to the `start + steps`-th new token of each row; row r
-    stops at one of `stops` or after `limits[r]` tokens (`done` (B,) bool: rows already
-    ended); its draws are keyed `(seeds[r], its token count)`; the loop writes a copy of
-    the cache's rings in place (`InferenceCache.owned`). Returns `(new tokens int32
-    (B, steps): a row that has ended repeats its last token, the last tokens (B,), done
-    (B,), the cache)`."""
-    stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
-
-    def cond(i, last, done, produced, cache):
-        return ops.logical_and(i < steps, ops.logical_not(ops.all(done)))
-
-    def body(i, last, done, produced, cache):
-        token, cache = next_token(model, settings, sampler, last, cache, seeds, start + i, in_place=True)
-        token = ops.where(done, last, token)
-        produced = ops.slice_update(produced, (0, i), token[:, None])
-        stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
-        done = ops.logical_or(done, ops.logical_or(stopped, start + i + 1 >= limits))
-        return i + 1, token, done, produced, cache
-
-    batch = ops.shape(last)[0]
-    done = limits <= 0 if done is None else done
-    i, last, done, produced, cache = ops.while_loop(
-        cond, body, (ops.convert_to_tensor(0, "int32"), last, done, ops.zeros((batch, steps), "int32"), cache.owned()))
-    # the steps not taken (every row ended) repeat each row's last token
-    produced = ops.where(ops.arange(steps)[None] < i, produced, last[:, None])
-    return produced, last, done, cache
-
-
-def _compiled_decode(model, settings, sampler, steps, stops):
-    compile_model, model = model, weakref.proxy(model)
-
-    def decode(last, done, cache, limits, seeds, start, sampler_inputs):
-        return decode_loop(model, settings, _with_inputs(sampler, sampler_inputs), steps, stops, last, cache, limits,
-                           seeds, done, start)
-
-    return compile_for_backend(compile_model, decode)
-
-
-def beam_search(model, prompt, max_new_tokens, sampler, stops=(), settings=None):
-    """The new tokens of the best beam (int32 `(n,)`, up to its stop token) of `prompt`
-    (1-D ids), with `sampler` a `BeamSampler`: the memory cache is expanded to the beams
-    and reordered with them in its own layout (the batch axis of every ring). The search
-    runs in compiled pieces of about `PIECE_S` seconds and at most `DECODE_CHUNK` steps
-    (Ctrl-C is handled between two); once it has run `PROGRESS_AFTER_S` seconds, each piece
-    logs its step on this module's logger (INFO), since a search shows nothing until its end."""
-    settings = settings or model.config.with_memory()
-    if max_new_tokens == 0:
-        return np.zeros((0,), "int32")
-    key = ("beam", settings.to_json(), sampler.num_beams, max_new_tokens, stops)
-    search = _compiled(model, key, lambda: _compiled_beam(model, settings, sampler.num_beams, max_new_tokens,
-                                                          stops))
-    cache = prompt_cache(model, np.asarray(prompt, "int32")[None], settings)
-    cache = cache.repeated(sampler.num_beams)
-    beams = sampler.num_beams
-    state = (ops.convert_to_tensor(0, "int32"), ops.full((beams,), int(prompt[-1]), "int32"),
-             ops.zeros((beams,), "float32"), ops.zeros((beams,), "bool"), ops.zeros((beams,), "int32"),
-             ops.zeros((beams, max_new_tokens), "int32"), cache)
-    started, piece, step = time.monotonic(), 1, 0
-    while True:
-        piece_started = time.monotonic()
-        state = search(ops.convert_to_tensor(piece, "int32"), *state)
-        last_step, step, finished = step, int(ops.convert_to_numpy(state[0])), ops.convert_to_numpy(state[3])
-        if step >= max_new_tokens or finished.all():
-            break
-        per_step = (time.monotonic() - piece_started) / max(step - last_step, 1)
-        piece = int(np.clip(PIECE_S / max(per_step, 1e-9), 1, DECODE_CHUNK))
-        if time.monotonic() - started >= PROGRESS_AFTER_S:
-            logger.info("Beam search with %d beams: step %d of at most %d (%.0f s)", beams, step, max_new_tokens,
-                        time.monotonic() - started)
-    scores, lengths, sequences = (ops.convert_to_numpy(state[k]) for k in (2, 4, 5))
-    normalized = scores / np.maximum(lengths, 1).astype("float64") ** sampler.length_penalty
-    best = int(np.argmax(normalized))
-    return sequences[best, : int(lengths[best])].astype("int32")
-
-
-def _compiled_beam(model, settings, beams, steps, stops):
-    compile_model, model = model, weakref.proxy(model)
+def model_step(model, settings):
+    """The model's step of a search: `next(last, cache, in_place)` -> `(log-probabilities
+    (streams, n_token), the cache)` after tokens `last` int32 `(streams,)`; `in_place` as
+    in `call_with_cache`."""
     memory = step_memory(settings)
-    stop_ids = ops.convert_to_tensor(list(stops) or [-1], "int32")
 
-    def search(piece, start, last, scores, finished, lengths, sequences, cache):
-        """Up to `piece` steps of the search from its state at step `start`."""
-        end = ops.minimum(start + piece, steps)
+    def next(last, cache, in_place):
+        out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, in_place=in_place, **memory)
+        return out["log_probs"][:, 0], cache
 
-        def cond(i, last, scores, finished, lengths, sequences, cache):
-            return ops.logical_and(i < end, ops.logical_not(ops.all(finished)))
+    return next
 
-        def body(i, last, scores, finished, lengths, sequences, cache):
-            out, cache = model.call_with_cache(last[:, None], cache, return_log_probs=True, **memory)
-            log_probs = ops.cast(out["log_probs"][:, 0], "float32")
-            vocabulary = ops.shape(log_probs)[1]
-            # a finished beam continues only with its stop token, at no cost
-            repeat = ops.where(ops.arange(vocabulary)[None] == last[:, None], 0.0, -np.inf)
-            log_probs = ops.where(finished[:, None], repeat, log_probs)
-            # at the first step every beam is the prompt: only the first one spreads
-            first = ops.logical_and(i == 0, ops.arange(beams) > 0)
-            total = ops.where(first[:, None], -np.inf, scores[:, None] + log_probs)
-            scores, flat = ops.top_k(ops.reshape(total, (-1,)), beams)
-            beam, token = flat // vocabulary, ops.cast(flat % vocabulary, "int32")
-            was_finished = ops.take(finished, beam, axis=0)
-            lengths = ops.take(lengths, beam, axis=0) + ops.cast(ops.logical_not(was_finished), "int32")
-            sequences = ops.slice_update(ops.take(sequences, beam, axis=0), (0, i), token[:, None])
-            stopped = ops.any(ops.equal(token[:, None], stop_ids[None]), axis=1)
-            cache = cache.reordered(beam)
-            return i + 1, token, scores, ops.logical_or(was_finished, stopped), lengths, sequences, cache
 
-        return ops.while_loop(cond, body, (start, last, scores, finished, lengths, sequences, cache))
+def _compiled_search(model, settings, sampler, stops):
+    """`search(state, steps, sampler_inputs)` -> the sampler's `search` of up to `steps`
+    steps (at most `DECODE_CHUNK`), compiled once per model, settings, sampler and stops."""
 
-    return compile_for_backend(compile_model, search)
+    def make():
+        compile_model, weak = model, weakref.proxy(model)
+        next, stop_ids = model_step(weak, settings), ops.convert_to_tensor(list(stops) or [-1], "int32")
+
+        def search(state, steps, sampler_inputs):
+            return _with_inputs(sampler, sampler_inputs).search(next, state, steps, stop_ids, DECODE_CHUNK)
+
+        return compile_for_backend(compile_model, search)
+
+    return _compiled(model, ("decode", settings.to_json(), _sampler_key(sampler), DECODE_CHUNK, stops), make)
 
 
 def stream(model, prompt, max_new_tokens, sampler, stops=(), settings=None, seed=0):
     """Yield the new tokens of one prompt (1-D ids) one at a time, each exactly the token
-    `generate` gives at that place for the same sampler and seed."""
-    if isinstance(sampler, BeamSampler):
-        raise ValueError("Beam search chooses its tokens at the end; stream with a token-by-token sampler "
-                         "(greedy, random, top_k, top_p).")
+    `generate` gives at that place for the same sampler and seed (one step of the same
+    compiled search at a time)."""
+    if not sampler.streams_tokens:
+        raise ValueError(f"{type(sampler).__name__} chooses its tokens at the end; stream with a token-by-token "
+                         "sampler (greedy, random, top_k, top_p).")
     settings = settings or model.config.with_memory()
     prompt = _check_ids(prompt, model.config.n_token)
     max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
     seeds = _per_row("seed", sampler.seed if sampler.seed is not None else seed, 1, 0)
     stops = _stops(stops, model.config.n_token)
-    step = _compiled(model, ("stream", settings.to_json(), _sampler_key(sampler)),
-                     lambda: _compiled_stream_step(model, settings, sampler))
-    cache, last = prompt_cache(model, prompt[None], settings), ops.convert_to_tensor(prompt[-1:])
-    inputs = _sampler_inputs(sampler)
-    for i in range(max_new_tokens):
-        last, cache = step(last, cache, ops.convert_to_tensor(seeds), ops.convert_to_tensor(i, "int32"), inputs)
-        token = int(ops.convert_to_numpy(last)[0])
+    if max_new_tokens == 0:
+        return
+    search = _compiled_search(model, settings, sampler, stops)
+    _, cache, last = _prompts_cache(model, [prompt], settings)
+    state = sampler.begin(last, cache, ops.convert_to_tensor([max_new_tokens], "int32"), ops.convert_to_tensor(seeds))
+    inputs, one = _sampler_inputs(sampler), ops.convert_to_tensor(1, "int32")
+    for _ in range(max_new_tokens):
+        state, tokens, _, _ = search(state, one, inputs)
+        token = int(ops.convert_to_numpy(tokens)[0, 0])
         yield token
         if token in stops:
             return
-
-
-def _compiled_stream_step(model, settings, sampler):
-    compile_model, model = model, weakref.proxy(model)
-
-    def step(last, cache, seeds, i, sampler_inputs):
-        return next_token(model, settings, _with_inputs(sampler, sampler_inputs), last, cache, seeds, i)
-
-    return compile_for_backend(compile_model, step)
 
 
 def score(model, ids, mem_len=None, clamp_len=None, same_length=None, segment_length=None):

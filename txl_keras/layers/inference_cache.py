@@ -106,13 +106,19 @@ class InferenceCache(NamedTuple):
     def repeated(self, times):
         """Each stream's memory `times` times in a row (the beams of one prompt):
         `batch_size * times` streams."""
-        return self.map_rings(lambda ring: ops.repeat(ring, times, axis=1))
+        return self._of_streams(lambda x, axis: ops.repeat(x, times, axis=axis))
 
     def reordered(self, streams):
         """The memories of `streams` (int32 `(new_batch_size,)`, indices of this cache's
-        streams) in that order (beam search keeping its best beams). `valid` must be one
-        count for all streams."""
-        return self.map_rings(lambda ring: ops.take(ring, streams, axis=1))
+        streams) in that order (beam search keeping its best beams)."""
+        return self._of_streams(lambda x, axis: ops.take(x, streams, axis=axis))
+
+    def _of_streams(self, select):
+        """The cache with `select(x, axis)` applied to its streams' axis (the rings', and a
+        per-stream `valid`'s)."""
+        per_stream = len(ops.shape(self.valid)) == 1
+        return self.map_rings(lambda ring: select(ring, 1))._replace(
+            valid=select(self.valid, 0) if per_stream else self.valid)
 
     def layers(self, start, end):
         """The memory of layers `[start, end)` alone (a program that runs those blocks)."""

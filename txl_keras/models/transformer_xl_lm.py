@@ -11,6 +11,21 @@ from txl_keras.models.lora_model import LoraModel
 from txl_keras.models.transformer_xl import TransformerXL, as_config, as_ids, initializers
 
 
+def mean_nll(nll, sample_weight=None, extra_losses=()):
+    """The language-modelling loss of `fit`: the mean of `nll` (per token, any shape) in
+    float32, weighted by `sample_weight` (the same shape; weight 0 leaves padding out),
+    plus `extra_losses` (a layer's `losses`)."""
+    nll = ops.cast(nll, "float32")
+    if sample_weight is None:
+        loss = ops.mean(nll)
+    else:
+        weight = ops.cast(sample_weight, "float32")
+        loss = ops.sum(nll * weight) / ops.maximum(ops.sum(weight), 1e-9)
+    for extra in extra_losses:
+        loss = loss + ops.cast(extra, "float32")
+    return loss
+
+
 @keras.saving.register_keras_serializable(package="txl_keras")
 class TransformerXLLM(LoraModel, Int8Model, keras.Model):
     """Transformer-XL language model: `TransformerXL` + `AdaptiveSoftmax` head.
@@ -162,16 +177,8 @@ class TransformerXLLM(LoraModel, Int8Model, keras.Model):
         return out
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """Mean NLL of `y` (the targets) for `model.fit` / `model.evaluate`."""
-        nll = self.softmax(y_pred["hidden"], y)
-        if sample_weight is not None:
-            weight = ops.cast(sample_weight, nll.dtype)
-            loss = ops.sum(nll * weight) / ops.maximum(ops.sum(weight), 1e-9)
-        else:
-            loss = ops.mean(nll)
-        for extra in self.losses:
-            loss = loss + ops.cast(extra, loss.dtype)
-        return loss
+        """Mean NLL of `y` (the targets) for `model.fit` / `model.evaluate` (`mean_nll`)."""
+        return mean_nll(self.softmax(y_pred["hidden"], y), sample_weight, self.losses)
 
     def reset_memory(self):
         """Clear the memory of a stateful model (start new streams)."""

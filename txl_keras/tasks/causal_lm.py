@@ -13,15 +13,15 @@ from txl_keras import presets as preset_resolver
 from txl_keras import samplers
 from txl_keras.layers import MemoryCache, arguments
 from txl_keras.models import TransformerXLLM
+from txl_keras.models.transformer_xl_lm import mean_nll
 from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights
 from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from txl_keras.tasks import task_presets
 from txl_keras.tasks.perplexity import Perplexity
+from txl_keras import optimizers
 from txl_keras.schedules import WarmupCosine
 from txl_keras.tokenizers import TransformerXLTokenizer
 
-PAPER_LEARNING_RATE = 2.5e-4
-PAPER_CLIP_NORM = 0.25
 # What one new token's text costs beyond its id, as generate builds it (a TensorFlow string
 # element per token in `detokenize`, then Python's): the memory check counts it.
 TEXT_BYTES_PER_TOKEN = 64
@@ -62,10 +62,11 @@ class TransformerXLCausalLM(keras.Model):
       `ceil((N - 1) / (B * tgt_len))` steps.
     - The loss is the adaptive softmax's negative log-likelihood in nats; the metrics
       receive `(targets, per-token NLL)`. `compile()` with no arguments gives the paper's
-      recipe: Adam, gradient clipping at a global norm of 0.25, a linear warmup (a tenth
-      of the steps, at most 1,000) then a cosine decay to 0.004 of the peak 2.5e-4,
-      sized anew by every `fit` from its own epochs and steps (a second `fit` warms up
-      and decays again; Adam's moments carry over), and a perplexity metric.
+      recipe (`txl_keras.optimizers`, the trainers' too): Adam, gradient clipping at a
+      global norm of 0.25, a linear warmup (a tenth of the steps, at most 1,000) then a
+      cosine decay to 0.004 of the peak 2.5e-4, sized anew by every `fit` from its own
+      epochs and steps (a second `fit` warms up and decays again; Adam's moments carry
+      over), and a perplexity metric.
     - `score` and `generate` read long text through the memory (the model's `tgt_len`,
       `mem_len`, `clamp_len`: a released model carries the paper's evaluation settings).
 
@@ -177,16 +178,8 @@ class TransformerXLCausalLM(keras.Model):
         return out["nll"]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """The mean NLL (nats) of the targets, padding (weight 0) left out."""
-        nll = ops.cast(y_pred, "float32")
-        if sample_weight is None:
-            loss = ops.mean(nll)
-        else:
-            weight = ops.cast(sample_weight, "float32")
-            loss = ops.sum(nll * weight) / ops.maximum(ops.sum(weight), 1.0)
-        for extra in self.losses:
-            loss = loss + ops.cast(extra, "float32")
-        return loss
+        """The mean NLL (nats) of the targets, padding (weight 0) left out (`mean_nll`)."""
+        return mean_nll(y_pred, sample_weight, self.losses)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", jit_compile="auto",
                 **kwargs):
@@ -203,8 +196,8 @@ class TransformerXLCausalLM(keras.Model):
                              f"log-likelihood in nats); leave `loss` as 'auto'. Received: loss={loss!r}")
         self._schedule = None
         if optimizer == "auto":
-            self._schedule = WarmupCosine(PAPER_LEARNING_RATE)
-            optimizer = keras.optimizers.Adam(self._schedule, global_clipnorm=PAPER_CLIP_NORM)
+            self._schedule = WarmupCosine(optimizers.LEARNING_RATE)
+            optimizer = optimizers.adam(self._schedule)
         if weighted_metrics == "auto":
             weighted_metrics = [Perplexity()]
         if jit_compile == "auto":
@@ -392,7 +385,7 @@ class TransformerXLCausalLM(keras.Model):
 
     def _sampler(self, sampler):
         chosen = samplers.get(sampler if sampler is not None else getattr(self, "sampler", None) or "top_k")
-        if chosen.seed is None and not isinstance(chosen, (samplers.GreedySampler, samplers.BeamSampler)):
+        if chosen.seed is None and chosen.draws:
             chosen = type(chosen).from_config({**chosen.get_config(), "seed": chosen.draw_seed()})
         return chosen
 

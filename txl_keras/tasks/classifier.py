@@ -7,7 +7,7 @@ import numpy as np
 from keras import ops
 
 from txl_io import files
-from txl_keras import hub
+from txl_keras import hub, optimizers
 from txl_keras import presets as preset_resolver
 from txl_keras.layers import MemoryCache, arguments
 from txl_keras.models import TransformerXL
@@ -187,13 +187,14 @@ class TransformerXLClassifier(keras.Model):
         return loss
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", **kwargs):
-        """Keras's `compile`; "auto" is Adam at 5e-5 (KerasHub's fine-tuning default) and
-        an accuracy over documents. `loss` must stay "auto" (cross-entropy on the logits)."""
+        """Keras's `compile`; "auto" is the recipe's Adam (`txl_keras.optimizers.adam`) at
+        5e-5 (KerasHub's fine-tuning rate), unclipped, and an accuracy over documents.
+        `loss` must stay "auto" (cross-entropy on the logits)."""
         if loss not in ("auto", None):
             raise ValueError("TransformerXLClassifier computes its own loss (cross-entropy over the documents "
                              f"ending in a batch); leave `loss` as 'auto'. Received: loss={loss!r}")
         if optimizer == "auto":
-            optimizer = keras.optimizers.Adam(FINE_TUNING_LEARNING_RATE)
+            optimizer = optimizers.adam(FINE_TUNING_LEARNING_RATE, clip_norm=None)
         if weighted_metrics == "auto":
             weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
         super().compile(optimizer=optimizer, weighted_metrics=weighted_metrics, **kwargs)

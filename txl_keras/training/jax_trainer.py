@@ -11,7 +11,7 @@ one mask of the global batch's shape, which every device holds its own part of.
 The step is TensorFlow's replica step written once for the whole batch: the summed NLL over
 the global token count, gradients summed over `batch_chunk` chunks (each chunk takes the
 same rows of every replica, as each replica chunks its own batch), clipped by their global
-norm, Adam (`optimizer.adam_update`, TensorFlow's fused kernel's arithmetic) at the
+norm, Adam (`txl_keras.optimizers.adam_update`, TensorFlow's fused kernel's arithmetic) at the
 trainers' learning rate, and a non-finite step not applied (skipped with
 `skip_nonfinite`, else the call's remaining steps change nothing and the loop stops).
 """
@@ -24,9 +24,9 @@ from keras import ops
 
 from tf_records.dataset import stream_dataset
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
+from txl_keras.optimizers import adam_update
 from txl_keras.schedules import learning_rate
 from txl_keras.training.loop import TrainingLoop
-from txl_keras.training.optimizer import adam_update
 
 
 def data_parallel_size(distribution):

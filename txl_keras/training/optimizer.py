@@ -1,4 +1,5 @@
-"""Adam applied once to all-reduced, clipped gradients, under any tf.distribute strategy.
+"""Adam (`txl_keras.optimizers`' recipe) applied once to all-reduced, clipped gradients,
+under any tf.distribute strategy.
 
 Keras's optimizers all-reduce inside `apply_gradients` after clipping each replica's
 gradient; the original GPU trainer clips the averaged gradient. This one takes
@@ -8,27 +9,8 @@ its state is plain variables that checkpoints save and restore exactly.
 
 import keras
 import tensorflow as tf
-from keras import ops
 
-BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-8
-
-
-def adam_update(variable, grad, m, v, t, lr, beta_1=BETA_1, beta_2=BETA_2, epsilon=EPSILON):
-    """One Adam step in `keras.ops` (the JAX trainer's; the TensorFlow one runs the fused
-    kernel, which computes the same): `t` the step count after this step (>= 1), returns
-    `(variable, m, v)` updated.
-
-        m = m + (1 - beta_1) * (grad - m);  v = v + (1 - beta_2) * (grad**2 - v)
-        variable = variable - lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (sqrt(v) + epsilon)
-    """
-    dtype = variable.dtype
-    grad = ops.cast(grad, dtype)
-    t = ops.cast(t, "float32")
-    step = ops.cast(lr * ops.sqrt(1.0 - ops.power(beta_2, t)) / (1.0 - ops.power(beta_1, t)), dtype)
-    m = m + (grad - m) * (1.0 - beta_1)
-    v = v + (ops.square(grad) - v) * (1.0 - beta_2)
-    return variable - step * m / (ops.sqrt(v) + epsilon), m, v
-
+from txl_keras.optimizers import BETA_1, BETA_2, EPSILON
 
 class Adam:
     """Adam with the TF defaults (beta_1 0.9, beta_2 0.999, epsilon 1e-8, no decay).

@@ -7,6 +7,8 @@ command-line user get the same run.
 
 import dataclasses
 
+from txl_keras import optimizers
+
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("cosine", "inv_sqrt", "constant")
 EVAL_SPLITS = ("valid", "test")
@@ -31,12 +33,13 @@ class TrainConfig:
     records_dir: str = _field(None, "Folder of the TFRecords (--data_dir on the command line).", "data")
     train_batch_size: int = _field(60, "Streams per host per step.", "training")
     eval_batch_size: int = _field(60, "Streams per host in evaluation.", "evaluation")
-    learning_rate: float = _field(2.5e-4, "Peak learning rate (> 0).", "training")
+    learning_rate: float = _field(optimizers.LEARNING_RATE, "Peak learning rate (> 0).", "training")
     lr_schedule: str = _field("cosine", "Decay after warmup.", "training", LR_SCHEDULES)
     warmup_steps: int = _field(0, "Linear warmup steps (>= 0).", "training")
     train_steps: int = _field(100000, "Steps to train (>= 1).", "training")
     min_lr_ratio: float = _field(0.004, "Cosine decays to learning_rate * min_lr_ratio (in [0, 1]).", "training")
-    clip: float = _field(0.25, "Clip gradients to this global norm (> 0; 0 switches clipping off).", "training")
+    clip: float = _field(optimizers.CLIP_NORM, "Clip gradients to this global norm (> 0; 0 switches clipping off).",
+                         "training")
     batch_chunk: int = _field(1, "Split each replica's batch into this many chunks, run one after another "
                               "(gradient accumulation: one chunk's activations in memory at a time).", "training")
     concurrent_parts: int = _field(0, "Split each chunk into this many parts whose forward and backward passes "
