@@ -11,7 +11,10 @@ its `mems`, as its `generate` does. Per-token time is the difference between pro
 `--long` and `--short` new tokens divided by their difference (prompt and compilation
 cancel out), the best of two calls each; ours also prints the fixed cost of a call and the
 time of the process's first call (`--short` new tokens, tracing and compilation included).
-`--baseline=DIR` adds the txl_keras checkout in DIR (another commit) as a side.
+`--baseline=DIR` adds the txl_keras checkout in DIR (another commit) as a side; with
+`--rounds=N` every worker runs N times, each side in its own process, the sides alternating
+(`common.run_rounds`), and each figure is the best round's (the baseline's ratio also round by
+round and their median: two processes of one side differ by up to 15% on a small VM).
 
 Ours also runs, each in its own process, the same model on: a batch of 8 prompts of
 different lengths, 72 to 128 tokens (`batch8`: tokens/s of the batch against one prompt at
@@ -34,7 +37,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, generation_counts, matmul_ceiling_gflops, random_ids, read_bandwidth_gbs, run_worker  # noqa: E402
+from common import (emit, generation_counts, matmul_ceiling_gflops, random_ids, ratio_line, read_bandwidth_gbs,  # noqa: E402
+                    run_rounds, run_worker)
 
 SETTINGS = dict(mem_len=1600, clamp_len=1000, same_length=True, prompt=128)
 MODES = ("greedy", "batch8", "beam4", "in_graph", "int8")
@@ -219,6 +223,7 @@ def main():
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
     parser.add_argument("--batch_long", type=int, default=200, help="new tokens of batch8's long calls")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every worker, the sides alternating")
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="what a txl_keras worker runs (internal)")
     parser.add_argument("--modes", default=",".join(MODES), help="the txl_keras measurements to run, comma-separated")
@@ -236,12 +241,14 @@ def main():
     print(f"greedy generation, wt103_base, batch 1, {e}")
     forwarded = ["--config_json", json.dumps(c), f"--short={args.short}", f"--long={args.long}"]
     modes = [m for m in args.modes.split(",") if m]
-    results = {m: run_worker(sys.executable, __file__, ["--impl", "txl_keras", f"--mode={m}",
-                                                        f"--batch_long={args.batch_long}"] + forwarded)
-               for m in modes}
+    workers = [(m, lambda m=m: run_worker(sys.executable, __file__, ["--impl", "txl_keras", f"--mode={m}",
+                                                                     f"--batch_long={args.batch_long}"] + forwarded))
+               for m in modes]
     if args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
-        results["baseline"] = run_worker(sys.executable, script, ["--impl", "txl_keras"] + forwarded)
+        workers.append(("baseline", lambda: run_worker(sys.executable, script, ["--impl", "txl_keras"] + forwarded)))
+    rounds = run_rounds(args.rounds, workers)
+    results = {name: min(runs, key=lambda r: r["s_per_token"]) for name, runs in rounds.items()}
     if args.hf_python:
         results["hf"] = run_worker(args.hf_python, __file__, ["--impl", "hf"] + forwarded)
     for impl, r in results.items():
@@ -271,10 +278,11 @@ def main():
               f"{', '.join(f'{x:.2f}' for x in r['ratios'])}): {r['ratio']:.2f}x "
               f"(float32 {r['float_s_per_token'] * 1e3:.1f} ms per token); weights {r['weight_bytes'] / 1e6:.0f} MB, "
               f"float32's {r['float_weight_bytes'] / 1e6:.0f} MB ({r['weight_bytes'] / r['float_weight_bytes']:.3f}x)")
-    for impl in ("baseline", "hf"):
-        if impl in results and greedy:
-            ratio = results[impl]["s_per_token"] / greedy["s_per_token"]
-            print(f"ratio txl_keras / {impl} (tokens/s): {ratio:.2f}x")
+    if "baseline" in results and greedy:
+        print(ratio_line("baseline", [1 / r["s_per_token"] for r in rounds["greedy"]],
+                         [1 / r["s_per_token"] for r in rounds["baseline"]]))
+    if "hf" in results and greedy:
+        print(f"ratio txl_keras / hf (tokens/s): {results['hf']['s_per_token'] / greedy['s_per_token']:.2f}x")
 
 
 if __name__ == "__main__":

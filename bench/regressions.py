@@ -9,8 +9,8 @@ Each row runs its benchmark script with `--baseline`: both sides in fresh proces
 rounds alternating (`common.run_rounds`). The ratio of a row is ours over the baseline's
 tokens/s, the median of the rounds' ratios where there are several. Prints every row's
 ratio, then the rows that lost more than `--tolerance` (5%), and exits 1 if there is one.
-Run it before landing a change to `txl_keras/layers`, `txl_keras/kernels` or
-`txl_keras/training`.
+Run it before landing a change to `txl_keras/layers`, `txl_keras/kernels`,
+`txl_keras/training`, `txl_keras/generate` or `txl_keras/samplers.py`.
 """
 
 import argparse
@@ -33,7 +33,7 @@ ROWS = [
     ("eval_char_small", "eval_throughput.py", ["--rounds=2", "--lengths="]),
     ("eval_wt103_large", "eval_throughput.py", ["--model=wt103_large", "--rounds=2", "--lengths="]),
     ("eval_lm1b_large", "eval_throughput.py", ["--model=lm1b_large", "--rounds=2", "--lengths="]),
-    ("generation", "generate_throughput.py", ["--modes=greedy"]),
+    ("generation", "generate_throughput.py", ["--modes=greedy", "--rounds=3"]),
 ]
 RATIO = re.compile(r"^ratio txl_keras / baseline[^:]*: ([0-9.]+)x(?:.*median ([0-9.]+)x)?", re.M)
 

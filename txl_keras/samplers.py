@@ -166,8 +166,11 @@ class Sampler:
     def begin(self, last, cache, limits, seeds):
         """The state of a search of the prompts whose last tokens are `last` int32
         `(prompts,)` and memory `cache`, up to `limits` new tokens (int32 `(prompts,)`),
-        drawn with `seeds` (int32 `(prompts,)`)."""
+        drawn with `seeds` (int32 `(prompts,)`). A search whose streams stay in place
+        writes the memory's rings in place from here on: `cache` is copied once
+        (`InferenceCache.owned`), and every later piece of the search writes that copy."""
         streams = ops.shape(last)[0]
+        cache = cache if self.reorders_streams else cache.owned()
         return SearchState(ops.convert_to_tensor(0, "int32"), last, limits <= 0, ops.zeros((streams,), "int32"),
                            ops.zeros((streams,), "float32"), cache, limits, seeds)
 
@@ -188,7 +191,8 @@ class Sampler:
         stream of the step before that each continued, or None when every stream continues
         itself, steps taken)`. A stream ends at one of `stop_ids` (int32 `(S,)`; `[-1]` for
         none) or at its limit. A search whose streams stay in place writes the memory's
-        rings in place (`InferenceCache.owned`)."""
+        rings in place: `state` must come from `begin` or an earlier `search`, and nothing
+        else may read its cache afterwards."""
         reorders = self.reorders_streams
 
         def cond(i, state, tokens, parents):
@@ -210,8 +214,8 @@ class Sampler:
         streams = ops.shape(state.last)[0]
         buffer = ops.zeros((streams, width), "int32")
         i, state, tokens, parents = ops.while_loop(
-            cond, body, (ops.convert_to_tensor(0, "int32"), state if reorders else state._replace(
-                cache=state.cache.owned()), buffer, buffer if reorders else ops.zeros((streams, 0), "int32")))
+            cond, body, (ops.convert_to_tensor(0, "int32"), state, buffer,
+                         buffer if reorders else ops.zeros((streams, 0), "int32")))
         return state, tokens, parents if reorders else None, i
 
     def best_streams(self, scores, lengths):
