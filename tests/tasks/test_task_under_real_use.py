@@ -315,8 +315,8 @@ def test_paths_as_users_give_them(lm, tmp_path, monkeypatch):
 
 
 def test_generate_calls_with_other_settings_reuse_their_steps_without_retracing_warnings(lm, caplog):
-    """Other lengths, batch sizes, temperatures and nucleus masses reuse the compiled token
-    loop (TensorFlow warns when one function is traced again and again)."""
+    """Other lengths, batch sizes, temperatures, nucleus masses and length penalties reuse
+    the compiled search (TensorFlow warns when one function is traced again and again)."""
     import logging
 
     with caplog.at_level(logging.WARNING, logger="tensorflow"):
@@ -326,9 +326,12 @@ def test_generate_calls_with_other_settings_reuse_their_steps_without_retracing_
             lm.generate(["ROMEO:", "JU"], max_new_tokens=4, sampler=samplers.TopKSampler(k=2, temperature=t, seed=1))
             lm.generate("O", max_new_tokens=4, sampler=samplers.TopPSampler(p=t / 2, temperature=t, seed=2))
             "".join(lm.stream("ROMEO:", max_new_tokens=2, sampler=samplers.RandomSampler(temperature=t, seed=3)))
+        for penalty in (0.0, 0.5, 1.0):
+            lm.generate(["ROMEO:", "O"], max_new_tokens=3, sampler=samplers.BeamSampler(2, length_penalty=penalty))
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
     decoders = [k for k in generation._COMPILED[lm.model] if k[0] == "decode"]
     assert sum(k[2][0] == "TopKSampler" for k in decoders) == 1  # one loop for the six temperatures
+    assert sum(k[2][0] == "BeamSampler" for k in decoders) == 1  # and for the three length penalties
 
 
 def test_a_sampler_drawn_in_reused_steps_draws_with_its_own_temperature(lm):

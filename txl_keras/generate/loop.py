@@ -172,13 +172,16 @@ def _is_matrix(prompt):
 # A built-in sampler's numbers that enter its compiled steps as inputs: a new temperature or
 # nucleus mass reuses the steps traced for another.
 TRACED_FIELDS = ("temperature", "p")
+# A built-in sampler's numbers its compiled steps never read (beam search ranks its final
+# beams on the host): a new length penalty reuses the steps.
+HOST_FIELDS = ("seed", "length_penalty")
 
 
 def _sampler_key(sampler):
-    """A built-in sampler is known by its config less its seed and `TRACED_FIELDS` (inputs);
-    any other only as the same object."""
+    """A built-in sampler is known by its config less `HOST_FIELDS` and `TRACED_FIELDS`
+    (inputs); any other only as the same object."""
     if type(sampler) in BUILT_IN_SAMPLERS:
-        static = {k: v for k, v in sampler.get_config().items() if k != "seed" and k not in TRACED_FIELDS}
+        static = {k: v for k, v in sampler.get_config().items() if k not in HOST_FIELDS + TRACED_FIELDS}
         return type(sampler).__name__, json.dumps(static, sort_keys=True)
     return sampler
 
