@@ -117,22 +117,26 @@ def test_beam_search_finds_the_most_likely_continuation_by_brute_force():
 
 def test_beam_search_on_a_batch_finds_each_prompts_best_continuation_by_brute_force():
     """Prompts of different lengths and limits searched together, a stop token ending a
-    beam early: with as many beams as continuations, each prompt gets the most likely of
-    all its continuations (each cut at its first stop token), and what it gets alone."""
+    beam early: with a beam for every prefix the last step extends (4**2), each prompt gets
+    the most likely of all its continuations (each cut at its first stop token), and what it
+    gets alone."""
     config = TransformerXLConfig.from_preset("tiny", n_token=4, cutoffs=[], mem_len=16, same_length=False)
     model = TransformerXLLM(config)
     randomize(model, scale=1.0)
     prompts, limits, stop = [np.array([0, 2, 1], "int32"), np.array([3, 1], "int32")], [2, 3], 3
-    sampler = samplers.BeamSampler(num_beams=64, length_penalty=0.0)
+    sampler = samplers.BeamSampler(num_beams=16, length_penalty=0.0)  # every prefix the last step extends
     found = [row[len(p):].tolist() for row, p in
              zip(generate(model, prompts, limits, sampler=sampler, stop_token=stop), prompts)]
     for prompt, limit, got in zip(prompts, limits, found):
-        continuations = set()
-        for new in itertools.product(range(4), repeat=limit):
+        # every continuation of `limit` tokens scored in one call, each cut at its first stop
+        every = np.array(list(itertools.product(range(4), repeat=limit)), "int32")
+        ids = np.concatenate([np.repeat(prompt[None], len(every), axis=0), every], axis=1)
+        nll = to_np(model(ids[:, :-1], targets=ids[:, 1:])["nll"])[:, len(prompt) - 1:]
+        likelihoods = {}
+        for new, token_nll in zip(every.tolist(), nll):
             cut = new.index(stop) + 1 if stop in new else limit
-            continuations.add(new[:cut])
-        best = max(continuations, key=lambda new: log_likelihood(model, prompt, np.array(new)))
-        assert tuple(got) == best
+            likelihoods[tuple(new[:cut])] = -token_nll[:cut].sum()
+        assert tuple(got) == max(likelihoods, key=likelihoods.get)
         assert got == generate(model, [prompt], limit, sampler=sampler, stop_token=stop)[0][len(prompt):].tolist()
 
 
