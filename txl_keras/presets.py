@@ -89,7 +89,7 @@ class Preset:
         """The `Vocabulary`, checked against the fingerprint the preset recorded (where it did)."""
         if self.vocabulary is None:
             raise RunFolderError(f"{self.folder} holds no {VOCAB_FILE}: it cannot turn text into ids; copy the "
-                                 "vocab.json of its records there.")
+                                 f"{VOCAB_FILE} of its records there.")
         vocabulary = Vocabulary.load(self.vocabulary)
         if self.vocabulary_fingerprint is not None and vocabulary.fingerprint() != self.vocabulary_fingerprint:
             raise RunFolderError(f"{self.vocabulary} is not the vocabulary the preset {self.folder} was saved with "

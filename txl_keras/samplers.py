@@ -346,10 +346,8 @@ class BeamSampler(Sampler):
     def begin(self, last, cache, limits, seeds):
         """Every prompt's state `num_beams` times in a row (its beams: streams
         `p * num_beams` to `(p + 1) * num_beams - 1`)."""
-        state = super().begin(last, cache.repeated(self.num_beams), limits, seeds)
         beams = lambda x: ops.repeat(x, self.num_beams, axis=0)  # noqa: E731
-        return state._replace(last=beams(state.last), done=beams(state.done), lengths=beams(state.lengths),
-                              scores=beams(state.scores), limits=beams(state.limits), seeds=beams(state.seeds))
+        return super().begin(beams(last), cache.repeated(self.num_beams), beams(limits), beams(seeds))
 
     def choose(self, log_probs, state):
         """Each prompt's `num_beams` most likely continuations of its beams."""

@@ -153,34 +153,37 @@ INIT_FROM_OVERRIDES = ("dropout", "dropatt", "tgt_len", "mem_len", "clamp_len", 
 _RESOLVED = {}  # (flag, value) -> the Preset --init_from or --pretrained names, resolved once
 
 
-def origin():
-    """The `txl_keras.presets.Preset` of --init_from (resolved, downloaded if needed, once), or None."""
-    key = ("init_from", FLAGS.init_from)
-    if FLAGS.init_from and key not in _RESOLVED:
+def _resolved(flag, log=print):
+    """The `txl_keras.presets.Preset` that --`flag` names (resolved, downloaded if needed,
+    once per run), or None when the flag is not given."""
+    value = FLAGS[flag].value
+    if value and (flag, value) not in _RESOLVED:
         from txl_keras import presets
 
-        found = presets.resolve(FLAGS.init_from, log=print)
-        lora = dict(found.model_options).get("lora_rank")
-        if lora is not None:
-            raise ValueError(f"--init_from={FLAGS.init_from} holds LoRA adapters (rank {lora}); the trainers start "
-                             "from plain weights: fold them in first (lm = TransformerXLCausalLM.from_preset(...); "
-                             "lm.model.merge_lora_weights(); lm.save_to_preset(new_folder)) and start from that "
-                             "folder.")
-        if dict(found.model_options).get("quantization") is not None:
-            raise ValueError(f"--init_from={FLAGS.init_from} holds int8 weights, which do not train; start from "
-                             "the float model it was quantized from.")
-        _RESOLVED[key] = found
-    return _RESOLVED.get(key)
+        _RESOLVED[(flag, value)] = presets.resolve(value, log=log)
+    return _RESOLVED.get((flag, value))
+
+
+def origin():
+    """The `txl_keras.presets.Preset` of --init_from (resolved, downloaded if needed, once), or None."""
+    found = _resolved("init_from")
+    if found is None:
+        return None
+    lora = dict(found.model_options).get("lora_rank")
+    if lora is not None:
+        raise ValueError(f"--init_from={FLAGS.init_from} holds LoRA adapters (rank {lora}); the trainers start "
+                         "from plain weights: fold them in first (lm = TransformerXLCausalLM.from_preset(...); "
+                         "lm.model.merge_lora_weights(); lm.save_to_preset(new_folder)) and start from that "
+                         "folder.")
+    if dict(found.model_options).get("quantization") is not None:
+        raise ValueError(f"--init_from={FLAGS.init_from} holds int8 weights, which do not train; start from "
+                         "the float model it was quantized from.")
+    return found
 
 
 def pretrained(log=print):
     """The `txl_keras.presets.Preset` of --pretrained (resolved, downloaded if needed, once), or None."""
-    key = ("pretrained", FLAGS.pretrained)
-    if FLAGS.pretrained and key not in _RESOLVED:
-        from txl_keras import presets
-
-        _RESOLVED[key] = presets.resolve(FLAGS.pretrained, log=log)
-    return _RESOLVED.get(key)
+    return _resolved("pretrained", log)
 
 
 def training():
