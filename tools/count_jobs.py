@@ -13,8 +13,9 @@ than one place, a fix to its meaning must be repeated in each. The rows:
 - scoring paths: the code that scores targets through the memory with frozen weights
   (`call_with_cache(..., targets=...)`), the trainers' `Evaluation`, and the task's
   `evaluate` (Keras's test step);
-- training steps: the places where gradients are applied or Keras's `fit` step is set up
-  (`compute_loss`), the JAX trainer's step (`_step_fn`) included;
+- training steps: the places in `txl_keras/training` that decide what a step does with its
+  gradients (a function that computes their global norm and checks finiteness: where they
+  are judged and clipped), and the losses of Keras's `fit` step (`compute_loss`);
 - optimizer recipes: the optimizers built for training, and the JAX trainer's Adam step
   (`adam_update`);
 - from_preset meanings: `from_preset` definitions;
@@ -79,6 +80,15 @@ def _functions(tree):
             else:
                 yield from walk(child, prefix)
     yield from walk(tree, "")
+
+
+def judges_gradients(function):
+    """Whether `function` computes the gradients' global norm (`global_norm(...)`, or `sqrt`
+    of a sum of squares) and checks a value is finite: the part of a training step that
+    decides what its gradients do."""
+    norm = _calls(function, "global_norm") or _calls(function, "clip_by_global_norm") or \
+        any("square" in ast.unparse(call) for call in _calls(function, "sqrt"))
+    return bool(norm and (_calls(function, "isfinite") or _calls(function, "is_finite")))
 
 
 def _is_main_guard(node):
@@ -148,7 +158,7 @@ def count():
             short = name.rsplit(".", 1)[-1]
             if name.endswith("CausalLM.evaluate"):
                 rows["scoring paths"].append(f"{path}:{name}")
-            if short in ("compute_loss", "_train_step", "train_step", "_step_fn"):
+            if short == "compute_loss" or (path.startswith("txl_keras/training/") and judges_gradients(node)):
                 rows["training steps"].append(f"{path}:{name}")
             if short == "from_preset":
                 rows["from_preset meanings"].append(f"{path}:{name}")

@@ -1,6 +1,6 @@
 """`tools/count_jobs.py`: its detectors see what they look for, and the jobs brought down to
-one way stay there (no code outside the memory rewrites its fields; importing a package has
-no effect on the process)."""
+one way stay there (no code outside the memory rewrites its fields; both trainers' steps judge
+their gradients in one place; importing a package has no effect on the process)."""
 
 import ast
 import os
@@ -25,11 +25,23 @@ def test_a_rewrite_of_a_memory_field_is_found_and_one_of_another_tuple_is_not():
     assert [c.lineno for c in count_jobs.field_rewrites(tree, fields)] == [1, 3]
 
 
+def test_a_step_that_judges_its_gradients_is_found_in_either_trainers_form():
+    tree = ast.parse("def tf_step(grads):\n    return tf.math.is_finite(tf.linalg.global_norm(grads))\n"
+                     "def jax_step(grads):\n    return ops.isfinite(ops.sqrt(sum(ops.sum(ops.square(g)) for g in grads)))\n"
+                     "def a_norm(grads):\n    return ops.sqrt(sum(ops.sum(ops.square(g)) for g in grads))\n"
+                     "def layer_norm(x):\n    return x / ops.sqrt(variance)\n")
+    judged = [f.name for f in tree.body if count_jobs.judges_gradients(f)]
+    assert judged == ["tf_step", "jax_step"]
+
+
 def test_no_field_rewrites_outside_the_memory_and_no_import_side_effects():
     rows, probes = count_jobs.count()
     assert rows["memory field rewrites"] == [], rows["memory field rewrites"]
     assert rows["import-time side effects"] == [], rows["import-time side effects"]
     assert set(probes) == {"txl_keras", "tf_records", "txl_io"}
     assert all(p == {"loaded": [], "environment_changed": [], "stderr_replaced": False} for p in probes.values())
+    # both trainers' steps judge their gradients in one place
+    assert [p for p in rows["training steps"] if not p.endswith(".compute_loss")] == \
+        ["txl_keras/training/step.py:checked_gradients"]
     # the detectors find the jobs that are still done in several places
     assert len(rows["from_preset meanings"]) >= 1 and len(rows["generation loops"]) >= 1

@@ -8,11 +8,10 @@ the memory is one array of the global batch sharded over the mesh's batch axis: 
 so a checkpoint's `memory_{i}_replica_{r}` means the same on both backends. Dropout draws
 one mask of the global batch's shape, which every device holds its own part of.
 
-The step is TensorFlow's replica step written once for the whole batch: the summed NLL over
-the global token count, gradients summed over `batch_chunk` chunks (each chunk takes the
-same rows of every replica, as each replica chunks its own batch), clipped by their global
-norm, Adam (`txl_keras.optimizers.adam_update`, TensorFlow's fused kernel's arithmetic) at the
-trainers' learning rate, and a non-finite step not applied (skipped with
+The step is the trainers' step (`txl_keras.training.step`) on the whole batch: gradients
+summed over `batch_chunk` chunks (each chunk takes the same rows of every replica, as each
+replica chunks its own batch), `checked_gradients`, Adam (`txl_keras.optimizers.adam_update`,
+TensorFlow's fused kernel's arithmetic), and a non-finite step not applied (skipped with
 `skip_nonfinite`, else the call's remaining steps change nothing and the loop stops).
 """
 
@@ -25,8 +24,8 @@ from keras import ops
 from tf_records.dataset import stream_dataset
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
 from txl_keras.optimizers import adam_update
-from txl_keras.schedules import learning_rate
 from txl_keras.training.loop import TrainingLoop
+from txl_keras.training.step import added, checked_gradients, halts, learning_rate_at, piece_loss
 
 
 def data_parallel_size(distribution):
@@ -171,8 +170,8 @@ class JaxTrainer(TrainingLoop):
         def chunk_loss(weights, non_trainable, inputs, targets, mems):
             out, non_trainable = model.stateless_call(weights, non_trainable, inputs, targets=targets, mems=mems,
                                                       memory_valid=valid, training=True)
-            nll_sum = ops.sum(ops.cast(out["nll"], "float32"))
-            return nll_sum / global_tokens, (nll_sum, out["mems"], out["memory_valid"], non_trainable)
+            loss, nll_sum = piece_loss(out["nll"], global_tokens)
+            return loss, (nll_sum, out["mems"], out["memory_valid"], non_trainable)
 
         grad_fn = jax.value_and_grad(chunk_loss, has_aux=True)
         grads, nll_total, new_parts = None, 0.0, []
@@ -180,19 +179,14 @@ class JaxTrainer(TrainingLoop):
         for k, (chunk_inputs, chunk_targets) in enumerate(zip(self._chunks(inputs), self._chunks(targets))):
             (_, (nll_sum, mems, new_valid, non_trainable)), chunk_grads = grad_fn(
                 trainable, non_trainable, chunk_inputs, chunk_targets, [m[k] for m in chunked])
-            grads = chunk_grads if grads is None else [a + b for a, b in zip(grads, chunk_grads)]
+            grads = added(grads, chunk_grads)
             nll_total = nll_total + nll_sum
             new_parts.append(mems)
         new_memory = [self._unchunk([p[i] for p in new_parts]) for i in range(self.config.n_layer)]
-        grads = [ops.cast(g, "float32") for g in grads]
-        gnorm = ops.sqrt(sum(ops.sum(ops.square(g)) for g in grads))
-        forward_ok = ops.isfinite(nll_total) & ~halted
-        finite = ops.isfinite(gnorm) & forward_ok
-        bad = halted | (~finite & (not tc.skip_nonfinite))
-        if tc.clip > 0:
-            factor = tc.clip / ops.maximum(gnorm, tc.clip)
-            grads = [g * factor for g in grads]
-        lr = learning_rate(step, tc.learning_rate, tc.train_steps, tc.warmup_steps, tc.min_lr_ratio, tc.lr_schedule)
+        grads, gnorm, forward_ok, finite = checked_gradients(grads, nll_total, tc.clip)
+        forward_ok, finite = forward_ok & ~halted, finite & ~halted
+        bad = halted | halts(finite, tc)
+        lr = learning_rate_at(step, tc)
         iterations, ms, vs = adam
 
         def apply(_):

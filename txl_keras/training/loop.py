@@ -23,8 +23,8 @@ from tf_records.build import VOCAB_FILE
 from txl_io import files
 from txl_keras import run_folder
 from txl_keras.models.flops import model_flops_per_token
-from txl_keras.schedules import learning_rate
 from txl_keras.training.interrupts import Interrupted, StopRequest
+from txl_keras.training.step import learning_rate_at
 
 LN2 = math.log(2.0)
 CALL_SECONDS = 2.0  # a compiled call of steps runs about this long: a stop request waits no longer
@@ -224,8 +224,7 @@ class TrainingLoop:
         tc = self.tc
         done = max(done, 1)
         loss, gnorm = loss_sum / done, gnorm_sum / done
-        lr = float(learning_rate(step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
-                                 tc.min_lr_ratio, tc.lr_schedule))
+        lr = float(learning_rate_at(step, tc))
         bpc = "" if self.word_level else f"bpc {loss / LN2:.4f} | "
         self.log(f"step {step:>7d} | lr {lr:.3e} | loss {loss:.4f} | ppl {math.exp(min(loss, 50)):9.3f} | "
                  f"{bpc}gnorm {gnorm:.3f} | tok/s {tokens_per_s:,.0f} | "

@@ -1,9 +1,9 @@
 """The TensorFlow trainer: the shared loop (`loop.TrainingLoop`) under a `tf.distribute` strategy.
 
-One replica step reads that replica's memory, runs forward and backward (optionally
-XLA-compiled; in `batch_chunk` chunks one after another, each in `concurrent_parts` parts
-side by side), stores the new memory, and returns
-gradients summed over replicas and clipped by their global norm. A `tf.function` runs
+One replica step (the trainers' step, `txl_keras.training.step`) reads that replica's
+memory, runs forward and backward (optionally XLA-compiled; in `batch_chunk` chunks one
+after another, each in `concurrent_parts` parts side by side), stores the new memory, and
+returns gradients summed over replicas, made ready by `checked_gradients`. A `tf.function` runs
 `iterations` such steps per call (the TPU host-loop pattern). The memory lives in
 per-replica variables, so it persists across steps and host-loop calls, and it is saved
 in checkpoints with everything else needed to resume bit for bit.
@@ -19,10 +19,10 @@ from tf_records import distributed_dataset_fn
 from txl_io import files
 from txl_keras.layers.memory_cache import MemoryCache
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
-from txl_keras.schedules import learning_rate
 from txl_keras.training.evaluation import Evaluation
 from txl_keras.training.loop import TrainingLoop, check_batch_chunk
 from txl_keras.training.optimizer import Adam
+from txl_keras.training.step import added, checked_gradients, halts, learning_rate_at, piece_loss
 
 
 def is_compiled(strategy, train_config):
@@ -132,8 +132,8 @@ class Trainer(TrainingLoop):
     def _forward_backward_impl(self, inputs, targets, mems, valid, scale, global_tokens):
         with tf.GradientTape() as tape:
             out = self.model(inputs, targets=targets, mems=mems, memory_valid=valid, training=True)
-            nll_sum = tf.reduce_sum(out["nll"])
-            loss = nll_sum / global_tokens * scale
+            loss, nll_sum = piece_loss(out["nll"], global_tokens)
+            loss = loss * scale
         grads = tape.gradient(loss, self.model.trainable_variables)
         grads = [tf.convert_to_tensor(g) for g in grads]
         return nll_sum, grads, out["mems"], out["memory_valid"]
@@ -157,29 +157,17 @@ class Trainer(TrainingLoop):
                     chunk_inputs[rows], chunk_targets[rows], [m[rows] for m in chunk_mems], valid, loss_scale,
                     global_tokens)
                 nll_total += nll_sum
-                grads = part_grads if grads is None else [a + b for a, b in zip(grads, part_grads)]
+                grads = added(grads, part_grads)
                 new_mems_parts.append(part_new)
         new_mems = [tf.concat([p[i] for p in new_mems_parts], 0) for i in range(self.config.n_layer)]
         grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         nll_total = context.all_reduce(tf.distribute.ReduceOp.SUM, nll_total)
+        grads, gnorm, forward_ok, finite = checked_gradients(
+            grads, nll_total, self.tc.clip, loss_scale if self.scales_loss else None)
         # A forward pass that overflowed must not leave inf/NaN in the memory: only a
         # finite one writes it (a branch, where selecting between the new and the old
         # memory copied every layer's memory every step).
-        forward_ok = tf.math.is_finite(nll_total)
         tf.cond(forward_ok, lambda: self.memory.write(new_mems, new_valid), lambda: None)
-        # Unscaling (float16's loss scale) and clipping to the global norm are one
-        # multiplication of each gradient, and none where neither applies.
-        gnorm = tf.linalg.global_norm(grads)
-        factor = None
-        if self.scales_loss:
-            gnorm = gnorm / loss_scale
-            factor = 1.0 / loss_scale
-        finite = tf.math.is_finite(gnorm) & forward_ok
-        if self.tc.clip > 0:
-            clip = self.tc.clip / tf.maximum(gnorm, self.tc.clip)
-            factor = clip if factor is None else factor * clip
-        if factor is not None:
-            grads = [g * factor for g in grads]
         return grads, nll_total / global_tokens, gnorm, finite
 
     def _train_step(self, iterator, loss_sum, gnorm_sum, done, bad):
@@ -189,8 +177,7 @@ class Trainer(TrainingLoop):
         inputs, targets = next(iterator)
         grads, loss, gnorm, finite = self.strategy.run(self._replica_step, args=(inputs, targets))
         loss, gnorm, finite = self._local(loss)[0], self._local(gnorm)[0], self._local(finite)[0]
-        lr = learning_rate(self.step, tc.learning_rate, tc.train_steps, tc.warmup_steps,
-                           tc.min_lr_ratio, tc.lr_schedule)
+        lr = learning_rate_at(self.step, tc)
 
         def apply():
             self.optimizer.apply(grads, lr)
@@ -204,7 +191,7 @@ class Trainer(TrainingLoop):
             if self.scales_loss:  # float16: halve the loss scale and go on
                 self.loss_scale.assign(tf.maximum(self.loss_scale / 2.0, 1.0))
                 self.good_steps.assign(0)
-            return loss_sum, gnorm_sum, done, tf.constant(not (self.scales_loss or tc.skip_nonfinite))
+            return loss_sum, gnorm_sum, done, halts(finite, tc, rescales=self.scales_loss)
 
         loss_sum, gnorm_sum, done, bad = tf.cond(finite, apply, reject)
         self.step.assign_add(tf.cast(tf.logical_not(bad), tf.int64))
