@@ -11,7 +11,8 @@ than one place, a fix to its meaning must be repeated in each. The rows:
 - generation loops: token loops (`while_loop`) of the samplers, generation and the
   SavedModel;
 - scoring paths: the code that scores targets through the memory with frozen weights
-  (`call_with_cache(..., targets=...)`), the trainers' `Evaluation`, and the task's
+  (`call_with_cache(..., targets=...)`, or the training forward `stateless_call(...,
+  targets=..., training=False)`), the TensorFlow trainer's `Evaluation`, and the task's
   `evaluate` (Keras's test step);
 - training steps: the places in `txl_keras/training` that decide what a step does with its
   gradients (a function that computes their global norm and checks finiteness: where they
@@ -82,6 +83,17 @@ def _functions(tree):
     yield from walk(tree, "")
 
 
+def scoring_calls(tree):
+    """Calls that score targets through the memory with frozen weights: `call_with_cache(...,
+    targets=...)`, and the training forward (`stateless_call`) given targets and `training=False`."""
+    def keyword(call, name):
+        return next((k.value for k in call.keywords if k.arg == name), None)
+
+    frozen = [c for c in _calls(tree, "stateless_call") if keyword(c, "targets") is not None
+              and isinstance(keyword(c, "training"), ast.Constant) and keyword(c, "training").value is False]
+    return [c for c in _calls(tree, "call_with_cache") if keyword(c, "targets") is not None] + frozen
+
+
 def judges_gradients(function):
     """Whether `function` computes the gradients' global norm (`global_norm(...)`, or `sqrt`
     of a sum of squares) and checks a value is finite: the part of a training step that
@@ -149,9 +161,8 @@ def count():
             rows["memory field rewrites"] += [f"{path}:{c.lineno}" for c in field_rewrites(tree, fields)]
         rows["scoring paths"] += [f"{path}:{node.name}" for node in ast.walk(tree)
                                   if isinstance(node, ast.ClassDef) and node.name == "Evaluation"]
-        rows["scoring paths"] += [f"{path}:{c.lineno}" for c in _calls(tree, "call_with_cache")
-                                  if any(k.arg == "targets" for k in c.keywords) and not is_program
-                                  and not path.startswith(("txl_keras/models/", "txl_keras/layers/"))]
+        if not is_program and not path.startswith(("txl_keras/models/", "txl_keras/layers/")):
+            rows["scoring paths"] += [f"{path}:{c.lineno}" for c in scoring_calls(tree)]
         if path.startswith(("txl_keras/generate/", "txl_keras/export/", "txl_keras/samplers.py")):
             rows["generation loops"] += [f"{path}:{c.lineno}" for c in _calls(tree, "while_loop")]
         for name, node in _functions(tree):

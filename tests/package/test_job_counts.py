@@ -34,6 +34,13 @@ def test_a_step_that_judges_its_gradients_is_found_in_either_trainers_form():
     assert judged == ["tf_step", "jax_step"]
 
 
+def test_scoring_through_the_cache_or_the_frozen_training_forward_is_found():
+    tree = ast.parse("model.call_with_cache(x, cache, targets=y)\nmodel.call_with_cache(x, cache)\n"
+                     "model.stateless_call(w, n, x, targets=y, training=False)\n"
+                     "model.stateless_call(w, n, x, targets=y, training=True)\n")
+    assert [c.lineno for c in count_jobs.scoring_calls(tree)] == [1, 3]
+
+
 def test_no_field_rewrites_outside_the_memory_and_no_import_side_effects():
     rows, probes = count_jobs.count()
     assert rows["memory field rewrites"] == [], rows["memory field rewrites"]

@@ -1,8 +1,8 @@
 """Run by test_jax_trainer.py in a process of its own, on JAX with 8 virtual CPU devices: the
 JAX trainer on one device, data parallel on 8 and 2-way data by 4-way model parallel, from the
-same weights on the same records; prints each run's per-step losses and final weights, how the
-model-parallel weights are laid out, whether the replicas' dropout masks differ, and what the
-lowered training step holds, as JSON (the numbers are compared by the test)."""
+same weights on the same records; prints each run's per-step losses, final weights and validation
+loss, how the model-parallel weights are laid out, whether the replicas' dropout masks differ,
+and what the lowered training step holds, as JSON (the numbers are compared by the test)."""
 
 import json
 import os
@@ -45,7 +45,8 @@ def train(name, distribution):
     run.train()
     losses = summaries(os.path.join(tmp, name, "train"))["loss"]
     return run, {"losses": [losses[s] for s in sorted(losses)],
-                 "weights": [w.tolist() for w in run.model.get_weights()]}
+                 "weights": [w.tolist() for w in run.model.get_weights()],
+                 "eval_loss": run.evaluate(progress=False, summaries=False)["loss"]}
 
 
 results = {}

@@ -75,6 +75,7 @@ def test_data_and_model_parallel_training_gives_one_devices_losses(tmp_path):
     assert len(single) == 4
     for name in ("data_parallel", "model_parallel"):
         np.testing.assert_allclose(runs[name]["losses"], single, rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(runs[name]["eval_loss"], runs["single"]["eval_loss"], rtol=1e-5, err_msg=name)
         for got, want in zip(runs[name]["weights"], runs["single"]["weights"]):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
     assert runs["qkv"] == {"spec": ["None", "model"], "shard_shapes": [[16, 12]], "devices": 8}  # 48 columns / 4
@@ -85,13 +86,15 @@ def test_data_and_model_parallel_training_gives_one_devices_losses(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_folder_resumes_across_backends(tmp_path):
-    """3 steps on one backend, the next 3 on the other: the losses of an uninterrupted run."""
+    """3 steps on one backend, the next 3 on the other: the losses of an uninterrupted run;
+    and the validation loss of the weights of step 6 scored on JAX is TensorFlow's."""
     records = build(str(tmp_path))
     runs = {}
+    evaluated = {"tensorflow": ["--do_eval=true"], "jax": []}  # (after DETERMINISTIC's --do_eval=false)
     for backend, environment in (("tensorflow", env(KERAS_BACKEND="tensorflow")), ("jax", jax_env())):
         model_dir = str(tmp_path / backend)
-        done = run(train_command(records, model_dir, "--train_steps=6", "--save_steps=3", *DETERMINISTIC),
-                   env=environment)
+        done = run(train_command(records, model_dir, "--train_steps=6", "--save_steps=3", *DETERMINISTIC,
+                                 *evaluated[backend]), env=environment)
         assert done.returncode == 0, done.stderr[-2000:]
         runs[backend] = model_dir
     for first, then, environment in (("tensorflow", "jax", jax_env()),
@@ -100,8 +103,9 @@ def test_a_run_folder_resumes_across_backends(tmp_path):
         shutil.copytree(runs[first], model_dir)
         shutil.rmtree(os.path.join(model_dir, "ckpt-00000006"))
         shutil.rmtree(os.path.join(model_dir, "train"))
-        done = run(train_command(records, model_dir, "--train_steps=6", "--save_steps=3", *DETERMINISTIC),
-                   env=environment)
+        shutil.rmtree(os.path.join(model_dir, "eval"), ignore_errors=True)
+        done = run(train_command(records, model_dir, "--train_steps=6", "--save_steps=3", *DETERMINISTIC,
+                                 *evaluated[first]), env=environment)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "resumed from" in done.stdout and "(step 3)" in done.stdout
         np.testing.assert_allclose(losses(model_dir), losses(runs[first])[3:], rtol=1e-5, atol=1e-5)
@@ -112,6 +116,13 @@ def test_a_run_folder_resumes_across_backends(tmp_path):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
         np.testing.assert_allclose(state["memory_0_replica_0"], reference["memory_0_replica_0"], rtol=1e-4,
                                    atol=1e-4)
+    # The JAX trainer's evaluation (`scored_segment` through an `InferenceCache`) against the
+    # TensorFlow trainer's (`Evaluation`), on the weights both runs end with.
+    scored = {name: summaries(os.path.join(tmp_path, name, "eval"))["loss"]
+              for name in ("tensorflow", "tensorflow_then_jax")}
+    assert sorted(scored["tensorflow"]) == [0, 6] and sorted(scored["tensorflow_then_jax"]) == [6]
+    assert scored["tensorflow_then_jax"][6] == pytest.approx(scored["tensorflow"][6], rel=1e-5)
+    assert scored["tensorflow"][6] < scored["tensorflow"][0]  # (it trained)
     # A run folder written on JAX is a run folder: the text task loads it here (TensorFlow).
     from txl_keras import TransformerXLCausalLM
 
@@ -165,14 +176,15 @@ def free_port():
 
 @pytest.mark.slow
 def test_two_processes_train_as_one_and_a_missing_or_dying_peer_ends_the_other(tmp_path):
-    """Two processes of 2 devices each, each reading its own host's records, give the losses
-    of one process of 4 devices reading the same streams; a peer that never comes or that
+    """Two processes of 2 devices each, each reading its own host's records, give the training
+    and validation losses of one process of 4 devices reading the same streams; a peer that never comes or that
     is killed mid-training ends the other with one error line, not a hang or a crash dump."""
     os.makedirs(tmp_path / "two")
     records = build(str(tmp_path / "two"), hosts=2)
     address = f"127.0.0.1:{free_port()}"
     model_dir = str(tmp_path / "processes")
-    flags = ["--train_steps=4", "--save_steps=4", "--num_hosts=2", "--startup_timeout=120", *DETERMINISTIC]
+    flags = ["--train_steps=4", "--save_steps=4", "--num_hosts=2", "--startup_timeout=120", *DETERMINISTIC,
+             "--do_eval=true"]
     processes = [subprocess.Popen(
         ["timeout", "-k", "10", "240"] + train_command(records, model_dir, *flags, f"--coordinator_address={address}",
                                                        "--num_processes=2", f"--process_id={index}"),
@@ -183,9 +195,14 @@ def test_two_processes_train_as_one_and_a_missing_or_dying_peer_ends_the_other(t
     os.makedirs(tmp_path / "one")
     one_records = build(str(tmp_path / "one"), batch=8)
     one = run(train_command(one_records, str(tmp_path / "one_process"), "--train_steps=4", "--save_steps=4",
-                            "--train_batch_size=8", "--eval_batch_size=8", *DETERMINISTIC), env=jax_env(4))
+                            "--train_batch_size=8", "--eval_batch_size=8", *DETERMINISTIC, "--do_eval=true"),
+              env=jax_env(4))
     assert one.returncode == 0, one.stderr[-2000:]
     np.testing.assert_allclose(losses(model_dir), losses(str(tmp_path / "one_process")), rtol=1e-5, atol=1e-5)
+    # and score the validation streams alike, before and after training (each process its share)
+    scored = [summaries(os.path.join(folder, "eval"))["loss"] for folder in (model_dir, str(tmp_path / "one_process"))]
+    assert sorted(scored[0]) == sorted(scored[1]) == [0, 4]
+    np.testing.assert_allclose([scored[0][s] for s in (0, 4)], [scored[1][s] for s in (0, 4)], rtol=1e-5)
     assert not os.path.exists(os.path.join(model_dir, "worker-1"))  # process 0 writes for both
     # A second process that never comes: the first ends with one line, well within the timeout.
     lone = run(train_command(records, str(tmp_path / "lone"), "--num_hosts=2", "--startup_timeout=5",

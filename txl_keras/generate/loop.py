@@ -397,13 +397,21 @@ def score(model, ids, mem_len=None, clamp_len=None, same_length=None, segment_le
     return np.concatenate(nll, axis=1).astype("float32")
 
 
-def _compiled_scorer(model, settings):
-    """`step(tokens, targets, cache) -> (nll, cache)`, compiled for the backend."""
-    compile_model, model = model, weakref.proxy(model)
+def scored_segment(model, settings):
+    """`segment(tokens, targets, cache) -> (nll, cache)`: the NLL of each target, float32
+    `(batch, T)`, read through the memory in `cache` (an `InferenceCache` made at the memory
+    settings of `settings`), a target < 0 (padding) scored 0; the cache advanced by the
+    segment. `score` and the JAX trainer's evaluation read streams with it."""
     memory = step_memory(settings)
 
-    def step(tokens, targets, cache):
-        out, cache = model.call_with_cache(tokens, cache, targets=targets, **memory)
-        return out["nll"], cache
+    def segment(tokens, targets, cache):
+        out, cache = model.call_with_cache(tokens, cache, targets=ops.maximum(targets, 0), **memory)
+        return ops.where(targets >= 0, ops.cast(out["nll"], "float32"), 0.0), cache
 
-    return compile_for_backend(compile_model, step)
+    return segment
+
+
+def _compiled_scorer(model, settings):
+    """`scored_segment` compiled for the backend."""
+    compile_model, model = model, weakref.proxy(model)
+    return compile_for_backend(compile_model, scored_segment(model, settings))

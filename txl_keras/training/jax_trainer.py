@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops
 
 from tf_records.dataset import stream_dataset
+from txl_keras.generate.loop import scored_segment
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
 from txl_keras.optimizers import adam_update
 from txl_keras.training.loop import TrainingLoop
@@ -75,13 +76,16 @@ class JaxTrainer(TrainingLoop):
             mesh, spec = distribution.device_mesh.backend_mesh, jax.sharding.PartitionSpec
             self.data_sharding = jax.sharding.NamedSharding(mesh, spec(distribution.batch_dim_name))
             self.replicated = jax.sharding.NamedSharding(mesh, spec())
+        # An `InferenceCache` ring `(G, batch, slots, W)`: its streams where their tokens are.
+        self.ring_sharding = self.replicated if distribution is None else \
+            jax.sharding.NamedSharding(mesh, spec(None, distribution.batch_dim_name))
         self._step = 0
         self._good_steps = 0
         self._adam = None  # (iterations, moments m, moments v), made on first use
         self._memory = None  # (per-layer memory of the global batch, count of valid slots)
         self._iterator = None  # [step it is positioned at, iterator of this host's batches]
         self._train_fn = None
-        self._eval_fns = {}  # (evaluation settings, tgt_len) -> jitted segment
+        self._evaluations = {}  # (evaluation settings, tgt_len) -> jitted (start, segment)
 
     @property
     def current_step(self):
@@ -325,46 +329,57 @@ class JaxTrainer(TrainingLoop):
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def _eval_fn(self, settings, tgt_len):
-        """The jitted scoring of one segment at the evaluation settings: `(summed NLL, scored
-        targets, new memory, new count of valid slots)`; targets < 0 are padding."""
+    def _evaluation(self, settings, tgt_len):
+        """`(start, segment)`, jitted, of the evaluation at `settings` and segment length
+        `tgt_len`: `start(weights)` is an empty `InferenceCache` of the global batch (its
+        rings sharded over the batch axis, as the streams are); `segment(weights, cache,
+        inputs, targets)` is `(summed NLL, scored targets, the cache advanced)` of one
+        segment (`generate.loop.scored_segment`; targets < 0 are padding). `weights` are the
+        trainable then the other variables' values."""
         import jax
 
         key = (settings.to_json(), tgt_len)
-        if key not in self._eval_fns:
+        if key not in self._evaluations:
             model = self.model
+            variables = model.trainable_variables + model.non_trainable_variables
+            rows = self.tc.eval_batch_size // self.cores * self.cores * self.num_hosts
+            scorer = scored_segment(model, settings)
 
-            def segment(trainable, non_trainable, memory, valid, inputs, targets):
-                out, _ = model.stateless_call(trainable, non_trainable, inputs, targets=ops.maximum(targets, 0),
-                                              mems=memory, memory_valid=valid, training=False,
-                                              mem_len=settings.mem_len, clamp_len=settings.clamp_len,
-                                              same_length=settings.same_length)
-                mask = targets >= 0
-                nll = ops.sum(ops.where(mask, ops.cast(out["nll"], "float32"), 0.0))
-                return nll, ops.sum(ops.cast(mask, "int32")), out["mems"], ops.cast(out["memory_valid"], "int32")
+            def stateless(fn):
+                def run(weights, *args):
+                    with keras.StatelessScope(state_mapping=list(zip(variables, weights))):
+                        return fn(*args)
+                return run
 
-            self._eval_fns[key] = jax.jit(segment)
-        return self._eval_fns[key]
+            def start():
+                return model.init_cache(rows, settings.mem_len, settings.clamp_len, segment_length=tgt_len)
+
+            def segment(cache, inputs, targets):
+                nll, cache = scorer(inputs, targets, cache)
+                return ops.sum(nll), ops.sum(ops.cast(targets >= 0, "int32")), cache
+
+            weights = self._eval_weights()
+            placed = jax.tree_util.tree_map(lambda _: self.replicated, jax.eval_shape(stateless(start), weights))
+            placed = placed.map_rings(lambda _: self.ring_sharding)
+            self._evaluations[key] = (jax.jit(stateless(start), out_shardings=placed), jax.jit(stateless(segment)))
+        return self._evaluations[key]
+
+    def _eval_weights(self):
+        return self._weights(self.model.trainable_variables) + self._weights(self.model.non_trainable_variables)
 
     def _eval_pass(self, info, settings, tgt_len, batches, report):
         """The summed NLL and count of the targets of the pass's first `batches` batches."""
         import jax
 
-        segment = self._eval_fn(settings, tgt_len)
-        rows = self.tc.eval_batch_size // self.cores * self.cores  # this host's
-        dtype = keras.backend.standardize_dtype(self.model.compute_dtype)
-        zeros = np.zeros((rows, settings.mem_len, settings.d_model), dtype)
-        memory = [self._global(zeros) for _ in range(settings.n_layer)]
-        valid = self._scalar(settings.mem_len if settings.mem_init == "zeros" else 0, "int32")
-        trainable = self._weights(self.model.trainable_variables)
-        non_trainable = self._weights(self.model.non_trainable_variables)
+        start, segment = self._evaluation(settings, tgt_len)
+        weights = self._eval_weights()
+        cache = start(weights)
         dataset = stream_dataset(info, jax.process_index(), 1, repeat=False, vocab_size=settings.n_token)
         total, count = 0.0, 0
         for i, (inputs, targets) in enumerate(dataset.as_numpy_iterator()):
             if i >= batches:
                 break
-            nll, n, memory, valid = segment(trainable, non_trainable, memory, valid, self._global(inputs),
-                                            self._global(targets))
+            nll, n, cache = segment(weights, cache, self._global(inputs), self._global(targets))
             total, count = total + float(self._numpy(nll)), count + int(self._numpy(n))
             report(i + 1, total / max(count, 1))
         return total, count
