@@ -41,6 +41,7 @@ from txl_io import files
 from tf_records.vocabulary import VOCAB_FILE
 from txl_keras import generate as generation
 from txl_keras import samplers
+from txl_keras.generate.loop import scored_segment, step_memory
 from txl_keras.layers.inference_cache import InferenceCache
 from txl_keras.tokenizers import TransformerXLTokenizer
 
@@ -108,7 +109,7 @@ def _signatures(model, serving):
     values of the memory, projected once, in time order): a call projects only its own
     segment."""
     mem_len, n_token = serving.mem_len, serving.n_token
-    overrides = dict(mem_len=mem_len, clamp_len=serving.clamp_len, same_length=serving.same_length)
+    overrides = step_memory(serving)
     groups, width = model.backbone.cache_layout
     mem_specs = [tf.TensorSpec([groups, None, mem_len, width], tf.float32, name=f"mem_{i}")
                  for i in range(serving.n_layer)]
@@ -116,16 +117,15 @@ def _signatures(model, serving):
     tokens_spec = tf.TensorSpec([None, None], tf.int32, name="tokens")
     targets_spec = tf.TensorSpec([None, None], tf.int32, name="targets")
 
-    def run(tokens, targets, memory_valid, mems):
+    def run(forward, tokens, memory_valid, mems):
+        """`forward(tokens, cache) -> (out, cache)` on the memory given: `(out, the new memory)`."""
         message = f"`memory_valid` must be in [0, mem_len={mem_len}]"
         with tf.control_dependencies([tf.debugging.assert_non_negative(memory_valid, message=message),
                                       tf.debugging.assert_less_equal(memory_valid, mem_len, message=message)]):
             memory_valid = tf.identity(memory_valid)
         cache = InferenceCache(tuple(tf.cast(m, model.compute_dtype) for m in mems), tf.zeros((), tf.int32),
                                memory_valid)
-        out, cache = model.call_with_cache(
-            _checked(tokens, "tokens", n_token), cache,
-            targets=None if targets is None else _checked(targets, "targets", n_token), **overrides)
+        out, cache = forward(_checked(tokens, "tokens", n_token), cache)
         cache = cache.map_rings(lambda ring: tf.ensure_shape(ring, [groups, None, mem_len, width]))
         result = {f"new_mem_{i}": tf.cast(cache.rows(i, mem_len), tf.float32) for i in range(serving.n_layer)}
         result["new_memory_valid"] = tf.cast(cache.valid, tf.int32)
@@ -137,14 +137,21 @@ def _signatures(model, serving):
         result["memory_valid"] = tf.fill([batch_size], cache.valid)
         return result
 
+    def last_log_probs(tokens, cache):
+        out, cache = model.call_with_cache(tokens, cache, **overrides)
+        return model.softmax.log_probs(out["hidden"][:, -1:])[:, 0], cache
+
     def next_log_probs(tokens, memory_valid, *mem):  # (*mem: the arguments are named mem_0, mem_1, ...)
-        out, result = run(tokens, None, memory_valid, mem)
-        result["log_probs"] = model.softmax.log_probs(out["hidden"][:, -1:])[:, 0]
+        log_probs, result = run(last_log_probs, tokens, memory_valid, mem)
+        result["log_probs"] = log_probs
         return result
 
+    scorer = scored_segment(model, serving)  # what `TransformerXLCausalLM.score` reads a text with
+
     def score(tokens, targets, memory_valid, *mem):
-        out, result = run(tokens, targets, memory_valid, mem)
-        result["nll"] = out["nll"]
+        nll, result = run(lambda tokens, cache: scorer(tokens, _checked(targets, "targets", n_token), cache),
+                          tokens, memory_valid, mem)
+        result["nll"] = nll
         return result
 
     return {
