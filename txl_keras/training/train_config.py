@@ -117,13 +117,6 @@ class TrainConfig:
                 f"train_batch_size={self.train_batch_size}."
             )
 
-    @classmethod
-    def from_preset(cls, name, **overrides):
-        """The settings of a run preset (see `RUN_PRESETS`) with fields overridden."""
-        if name not in RUN_PRESETS:
-            raise ValueError(f"Unknown run preset {name!r}. Available: {sorted(RUN_PRESETS)}")
-        return cls(**{**RUN_PRESETS[name]["train"], **overrides})
-
 
 # A run preset: a model preset and the training settings that go with it.
 QUICKSTART = "quickstart"  # the run preset of a bare train_gpu.py
