@@ -11,9 +11,10 @@ from keras import ops
 from txl_keras import generate as generation
 from txl_keras import presets as preset_resolver
 from txl_keras import samplers
-from txl_keras.layers import MemoryCache, arguments
+from txl_keras.layers import arguments
 from txl_keras.models import TransformerXLLM
 from txl_keras.models.transformer_xl_lm import mean_nll
+from txl_keras.tasks.stream_memory import hold_memory
 from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights
 from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from txl_keras.tasks import task_presets
@@ -264,27 +265,8 @@ class TransformerXLCausalLM(keras.Model):
         return _texts(x, needed_tokens, lambda text: len(self.preprocessor.text_ids(text)))
 
     def _use_stream_memory(self, batch_size):
-        """Hold the memory of `batch_size` streams across batches (a new one for a new size:
-        made first, then swapped in, so that a failure leaves the task as it was)."""
-        memory = getattr(self, "stream_memory", None)
-        if memory is not None and memory.batch_size == batch_size:
-            return
-        config = self.model.config
-        fresh = MemoryCache(config.mem_len, config.n_layer, config.d_model, ext_len=config.ext_len,
-                            stateful=True, batch_size=batch_size, zero_init=config.mem_init == "zeros",
-                            dtype=self.model.dtype_policy, name="stream_memory")
-        # The task is built by its first fit or evaluate, which locks its state; the memory
-        # is state of the streams, not a weight, and is replaced whole for a new batch size.
-        locked = self._tracker.locked
-        self._tracker.unlock()
-        try:
-            if memory is not None:
-                del self.stream_memory
-            self.stream_memory = fresh
-        finally:
-            if locked:
-                self._tracker.lock()
-        self.train_function = self.test_function = self.predict_function = None
+        """Hold the memory of `batch_size` streams across batches (`hold_memory`)."""
+        hold_memory(self, "stream_memory", self.model.config, batch_size)
 
     def reset_memory(self):
         """Start every stream afresh (fit and evaluate do at each epoch and evaluation)."""

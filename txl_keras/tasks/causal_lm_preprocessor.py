@@ -6,11 +6,11 @@ import tensorflow as tf
 
 from tf_records.records import chunk_starts, make_streams
 from txl_keras.layers import arguments
-from txl_keras.tokenizers import TransformerXLTokenizer
+from txl_keras.tasks.preprocessor import TextPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXLCausalLMPreprocessor(keras.layers.Layer):
+class TransformerXLCausalLMPreprocessor(TextPreprocessor):
     """Turns texts into what `TransformerXLCausalLM.fit` trains on, and prompts into ids.
 
     Unlike a KerasHub preprocessor, which packs each example on its own, Transformer-XL's
@@ -37,20 +37,6 @@ class TransformerXLCausalLMPreprocessor(keras.layers.Layer):
         `(num_batches, batch_size, sequence_length)` (`y` equals `target_ids`),
         `sample_weight` float32 of the same shape, 0 on padding.
     """
-
-    def __init__(self, tokenizer, sequence_length, **kwargs):
-        kwargs.pop("dtype", None)
-        super().__init__(**kwargs)
-        self._convert_input_args = False
-        self._allow_non_tensor_positional_args = True
-        self.tokenizer = tokenizer
-        self.sequence_length = arguments.positive_int(type(self).__name__, "sequence_length", sequence_length)
-        self.built = True
-
-    def __call__(self, texts, batch_size):
-        # Text in, numpy out: Keras's `Layer.__call__` would convert nothing here, and would
-        # wrap an error about the text in lines about the call.
-        return self.call(texts, batch_size)
 
     def text_ids(self, texts):
         """int32 numpy ids of the texts read as one text (see the class docstring)."""
@@ -97,16 +83,3 @@ class TransformerXLCausalLMPreprocessor(keras.layers.Layer):
     def generate_postprocess(self, ids):
         """The text of ids (`TransformerXLTokenizer.detokenize`)."""
         return self.tokenizer.detokenize(ids)
-
-    def get_config(self):
-        return {**{k: v for k, v in super().get_config().items() if k in ("name", "trainable")},
-                "tokenizer": keras.saving.serialize_keras_object(self.tokenizer),
-                "sequence_length": self.sequence_length}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        tokenizer = config.pop("tokenizer")
-        if isinstance(tokenizer, dict):
-            tokenizer = keras.saving.deserialize_keras_object(tokenizer)
-        return cls(tokenizer=tokenizer if isinstance(tokenizer, TransformerXLTokenizer) else None, **config)

@@ -9,11 +9,12 @@ from keras import ops
 from txl_io import files
 from txl_keras import hub, optimizers
 from txl_keras import presets as preset_resolver
-from txl_keras.layers import MemoryCache, arguments
+from txl_keras.layers import arguments
 from txl_keras.models import TransformerXL
 from txl_keras.run_folder import RunFolderError, load_weights
 from txl_keras.tasks import task_presets
 from txl_keras.tasks.classifier_preprocessor import TransformerXLClassifierPreprocessor
+from txl_keras.tasks.stream_memory import hold_memory
 
 FINE_TUNING_LEARNING_RATE = 5e-5  # KerasHub's TextClassifier default
 
@@ -282,24 +283,8 @@ class TransformerXLClassifier(keras.Model):
 
     def _use_document_memory(self, batch_size):
         """Hold the memory of `batch_size` streams across batches, one valid count per row
-        (a new one for a new size: made first, then swapped in)."""
-        memory = self.document_memory
-        if memory is not None and memory.batch_size == batch_size:
-            return
-        config = self.backbone.config
-        fresh = MemoryCache(self.mem_len, config.n_layer, config.d_model, ext_len=config.ext_len, stateful=True,
-                            batch_size=batch_size, zero_init=config.mem_init == "zeros", per_row=True,
-                            dtype=self.backbone.dtype_policy, name="document_memory")
-        locked = self._tracker.locked
-        self._tracker.unlock()
-        try:
-            if memory is not None:
-                del self.document_memory
-            self.document_memory = fresh
-        finally:
-            if locked:
-                self._tracker.lock()
-        self.train_function = self.test_function = self.predict_function = None
+        (`hold_memory`)."""
+        hold_memory(self, "document_memory", self.backbone.config, batch_size, mem_len=self.mem_len, per_row=True)
 
     def get_build_config(self):
         return None  # built on construction: every weight's shape comes from the backbone's config

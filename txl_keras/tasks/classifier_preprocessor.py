@@ -4,11 +4,11 @@ import keras
 import numpy as np
 
 from txl_keras.layers import arguments
-from txl_keras.tokenizers import TransformerXLTokenizer
+from txl_keras.tasks.preprocessor import TextPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXLClassifierPreprocessor(keras.layers.Layer):
+class TransformerXLClassifierPreprocessor(TextPreprocessor):
     """Lays documents out for `TransformerXLClassifier`, which reads each one segment by
     segment through the memory, as evaluation reads a corpus.
 
@@ -40,19 +40,6 @@ class TransformerXLClassifierPreprocessor(keras.layers.Layer):
         index of the document ending there, else -1; with `labels`, `"labels"` int32 and
         `"sample_weight"` float32 `(steps, batch_size)` (1 where a document ends).
     """
-
-    def __init__(self, tokenizer, sequence_length, **kwargs):
-        kwargs.pop("dtype", None)
-        super().__init__(**kwargs)
-        self._convert_input_args = False
-        self._allow_non_tensor_positional_args = True
-        self.tokenizer = tokenizer
-        self.sequence_length = arguments.positive_int(type(self).__name__, "sequence_length", sequence_length)
-        self.built = True
-
-    def __call__(self, texts, batch_size, labels=None):
-        # Text in, numpy out (see TransformerXLCausalLMPreprocessor.__call__).
-        return self.call(texts, batch_size, labels)
 
     def document_ids(self, texts):
         """int32 ids of each document; an empty one is an error naming it."""
@@ -114,16 +101,3 @@ class TransformerXLClassifierPreprocessor(keras.layers.Layer):
             out["labels"] = np.where(ending, labels[np.maximum(out["document"], 0)], 0).astype(np.int32)
             out["sample_weight"] = ending.astype(np.float32)
         return out
-
-    def get_config(self):
-        return {**{k: v for k, v in super().get_config().items() if k in ("name", "trainable")},
-                "tokenizer": keras.saving.serialize_keras_object(self.tokenizer),
-                "sequence_length": self.sequence_length}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        tokenizer = config.pop("tokenizer")
-        if isinstance(tokenizer, dict):
-            tokenizer = keras.saving.deserialize_keras_object(tokenizer)
-        return cls(tokenizer=tokenizer if isinstance(tokenizer, TransformerXLTokenizer) else None, **config)
