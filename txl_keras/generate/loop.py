@@ -54,13 +54,8 @@ def compile_for_backend(model, fn):
         import jax
 
         variables = model.trainable_variables + model.non_trainable_variables
-
-        @jax.jit
-        def stateless(values, *args):
-            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                return fn(*args)
-
-        return lambda *args: stateless([v.value for v in variables], *args)
+        compiled = jax.jit(with_values(variables, fn))
+        return lambda *args: compiled([v.value for v in variables], *args)
     import torch
 
     def no_grad(*args):
@@ -68,6 +63,16 @@ def compile_for_backend(model, fn):
             return fn(*args)
 
     return no_grad
+
+
+def with_values(variables, fn):
+    """`fn(*args)` as `run(values, *args)`, which reads `variables` as `values` (a function
+    JAX compiles takes the weights as arguments)."""
+    def run(values, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return fn(*args)
+
+    return run
 
 
 def _check_ids(ids, n_token, name="prompt"):

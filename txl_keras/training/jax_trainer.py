@@ -22,7 +22,7 @@ import numpy as np
 from keras import ops
 
 from tf_records.dataset import stream_dataset
-from txl_keras.generate.loop import scored_segment
+from txl_keras.generate.loop import scored_segment, with_values
 from txl_keras.models.transformer_xl_lm import TransformerXLLM
 from txl_keras.optimizers import adam_update
 from txl_keras.training.loop import TrainingLoop
@@ -345,12 +345,6 @@ class JaxTrainer(TrainingLoop):
             rows = self.tc.eval_batch_size // self.cores * self.cores * self.num_hosts
             scorer = scored_segment(model, settings)
 
-            def stateless(fn):
-                def run(weights, *args):
-                    with keras.StatelessScope(state_mapping=list(zip(variables, weights))):
-                        return fn(*args)
-                return run
-
             def start():
                 return model.init_cache(rows, settings.mem_len, settings.clamp_len, segment_length=tgt_len)
 
@@ -358,10 +352,10 @@ class JaxTrainer(TrainingLoop):
                 nll, cache = scorer(inputs, targets, cache)
                 return ops.sum(nll), ops.sum(ops.cast(targets >= 0, "int32")), cache
 
-            weights = self._eval_weights()
-            placed = jax.tree_util.tree_map(lambda _: self.replicated, jax.eval_shape(stateless(start), weights))
+            start, segment = with_values(variables, start), with_values(variables, segment)
+            placed = jax.tree_util.tree_map(lambda _: self.replicated, jax.eval_shape(start, self._eval_weights()))
             placed = placed.map_rings(lambda _: self.ring_sharding)
-            self._evaluations[key] = (jax.jit(stateless(start), out_shardings=placed), jax.jit(stateless(segment)))
+            self._evaluations[key] = (jax.jit(start, out_shardings=placed), jax.jit(segment))
         return self._evaluations[key]
 
     def _eval_weights(self):
