@@ -12,7 +12,9 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+# The checkout whose packages a worker imports: this one, or the one in TXL_BENCH_PACKAGES (a
+# baseline measured by this checkout's script, where the baseline's own script lacks a mode).
+sys.path.insert(0, os.environ.get("TXL_BENCH_PACKAGES", ROOT))
 
 from txl_io.cpu_allocator import prefer_bfc_cpu_allocator  # noqa: E402
 

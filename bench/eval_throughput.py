@@ -11,6 +11,8 @@ and the paper's evaluation-speed experiment at small scale.
    in DIR (another commit) as a side. Peak memory is also given above the RSS right after
    importing the framework (TensorFlow's import is larger than torch's), and on a GPU the
    device's peak memory.
+   `--jax`: both sides on JAX (the JAX trainer's evaluation, `JaxTrainer.evaluate`, one
+   device), the baseline's code driven by this script.
    `--model=wt103_base` instead: the paper's wt103 evaluation (tgt_len 128, mem_len 1,600,
    clamp_len 1,000, same_length, zero-filled memory as the converted weights have) of the
    `wt103_base` preset (16 layers, d_model 410, adaptive softmax over 267,735 words) on
@@ -75,7 +77,7 @@ def txl_eval_worker(c, e):
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     from tf_records.records import write_split
-    from txl_keras.training import TrainConfig, Trainer
+    from txl_keras.training import TrainConfig
 
     imported_mb = current_rss_mb()
     records = tempfile.mkdtemp()
@@ -85,14 +87,22 @@ def txl_eval_worker(c, e):
                      eval_batch_size=e["batch"], eval_tgt_len=e["tgt_len"], eval_mem_len=e["mem_len"],
                      eval_clamp_len=e["clamp_len"], eval_same_length=e["same_length"],
                      eval_xla=os.environ.get("TXL_BENCH_XLA", "1") != "0")
-    trainer = Trainer(tf.distribute.get_strategy(), model_config(c, dropout=0.0), tc, log=lambda *_: None)
+    if os.environ.get("KERAS_BACKEND") == "jax":
+        from txl_keras.training.jax_trainer import JaxTrainer
+
+        trainer = JaxTrainer(None, model_config(c, dropout=0.0), tc, log=lambda *_: None)
+    else:
+        from txl_keras.training import Trainer
+
+        trainer = Trainer(tf.distribute.get_strategy(), model_config(c, dropout=0.0), tc, log=lambda *_: None)
     trainer.evaluate(progress=False, summaries=False)  # compiles
     rates = []
     for _ in range(2):
         start = time.perf_counter()
         result = trainer.evaluate(progress=False, summaries=False)
         rates.append(result["tokens"] / (time.perf_counter() - start))
-    out = {"tokens_per_s": max(rates), "peak_rss_mb": peak_rss_mb(), "import_rss_mb": imported_mb}
+    out = {"tokens_per_s": max(rates), "peak_rss_mb": peak_rss_mb(), "import_rss_mb": imported_mb,
+           "package": os.path.dirname(os.path.dirname(sys.modules["txl_keras"].__file__)), "loss": result["loss"]}
     if tf.config.list_physical_devices("GPU"):  # on a GPU the memory that matters is the device's
         out["gpu_peak_mb"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
     out["ceiling_gflops"] = matmul_ceiling_gflops()  # (after the peak memory was read)
@@ -160,6 +170,7 @@ def main():
     parser.add_argument("--lengths", default="128,320,640")
     parser.add_argument("--ablations", action="store_true", help="also run ours without XLA")
     parser.add_argument("--baseline", default=None, help="a txl_keras checkout (another commit) run as a side")
+    parser.add_argument("--jax", action="store_true", help="every side on JAX (the JAX trainer's evaluation)")
     parser.add_argument("--config_json", help="the config itself (internal: main process -> workers)")
     parser.add_argument("--model", choices=["char_small", *PAPER_EVALS], default="char_small")
     parser.add_argument("--batch", type=int, default=None,
@@ -187,8 +198,14 @@ def main():
         return emit(speedup_worker(c, args.length))
     print(f"command: python bench/{os.path.basename(__file__)} " + " ".join(sys.argv[1:]))
     ablations = {"txl_keras no XLA": {"TXL_BENCH_XLA": "0"}}
-    workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg))]
-    if args.baseline:
+    on_jax = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"} if args.jax else None
+    workers = [("txl_keras", lambda: run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg,
+                                                env=on_jax))]
+    if args.baseline and args.jax:  # (this script, the baseline's package)
+        baseline = {**on_jax, "TXL_BENCH_PACKAGES": os.path.abspath(args.baseline)}
+        workers.append(("baseline", lambda: run_worker(sys.executable, __file__, ["--impl", "txl_keras"] + config_arg,
+                                                       env=baseline)))
+    elif args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
         workers.append(("baseline", lambda: run_worker(sys.executable, script, ["--impl", "txl_keras"] + config_arg)))
     if args.hf_python:
@@ -210,6 +227,8 @@ def main():
             peak = max(r["peak_rss_mb"] for r in runs)
             above = max(r["peak_rss_mb"] - r["import_rss_mb"] for r in runs)
             gflops = max(rates[impl]) * flops / 1e9
+            if "package" in runs[0]:
+                print(f"{impl:>10}: txl_keras from {runs[0]['package']}, validation loss {runs[0]['loss']:.6f}")
             print(f"{impl:>10}: tokens/s {' / '.join(f'{x:,.0f}' for x in rates[impl])} ({gflops:.1f} GFLOP/s, "
                   f"MFU {gflops / ceiling:.1%}), peak RSS {peak:,.0f} MB, {above:,.0f} MB "
                   "above the framework's import" +
