@@ -356,3 +356,13 @@ def test_beam_search_runs_in_pieces_that_continue_each_other_and_a_signal_stops_
     taken = _interrupted_after_one_piece(
         lm, two, lambda: lm.generate("ROMEO:", max_new_tokens=30_000, stop_token_ids=None, sampler=two))
     assert taken == [1]
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="tf.distribute")
+def test_fit_under_a_strategy_of_several_replicas_says_what_runs_there_instead(mirrored):
+    with mirrored.scope():
+        task = char_task()
+    for call in (lambda: task.fit(TEXT, batch_size=2, verbose=0), lambda: task.evaluate(TEXT, batch_size=2, verbose=0)):
+        with pytest.raises(ValueError, match=r"^TransformerXLCausalLM.fit, evaluate and predict do not run under a "
+                                             r"tf.distribute strategy of 2 replicas.*train_gpu.py.*keras.distribution"):
+            call()
