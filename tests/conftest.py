@@ -46,7 +46,7 @@ def pytest_configure(config):
 # The folders whose modules train, export or start processes, in the order they are handed
 # out (--dist loadscope --no-loadscope-reorder): the long modules start first and the many
 # short ones even out the two workers at the end.
-LONG_FIRST = ("training", "models", "package", "tasks", "storage", "records")
+LONG_FIRST = ("training", "models", "convert", "export", "generate", "presets", "package", "tasks", "storage", "records")
 
 
 def pytest_collection_modifyitems(items):
