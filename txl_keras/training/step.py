@@ -1,4 +1,5 @@
-"""The training step of both trainers, in `keras.ops`: what a step computes, decided once.
+"""The training step of both trainers: what a step computes, decided once (in `keras.ops`;
+the global norm by TensorFlow's own op on TensorFlow).
 
 A step feeds its batch of streams through the model in pieces (`batch_chunk` chunks one
 after another; on TensorFlow's CPU each chunk in `concurrent_parts` parts side by side). Each
