@@ -1,7 +1,8 @@
 """Run by test_distribution.py in a process of its own, on JAX with 8 virtual CPU devices:
 the text task's `fit` unsharded, data parallel on 8 devices, and 2-way data by 4-way model
 parallel with `TransformerXLLM.get_layout_map`; prints each run's per-step losses and how the
-sharded weights are laid out, as JSON."""
+sharded weights are laid out, and an int8 model's outputs and layouts unsharded and model
+parallel, as JSON."""
 
 import json
 import sys
@@ -51,4 +52,29 @@ layout_map = TransformerXLLM.get_layout_map(mesh, config=CONFIG)
 results = {"single": train(None),
            "data_parallel": train(keras.distribution.DataParallel(devices=devices)),
            "model_parallel": train(keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch"))}
+
+
+def int8_outputs(distribution, weights, tokens):
+    """The NLL of an int8 model built under `distribution` with `weights`, and its layouts."""
+    keras.distribution.set_distribution(distribution)
+    model = TransformerXLLM(CONFIG, quantization="int8")
+    model.set_weights(weights)
+    attention = model.backbone.blocks[0].attention
+    specs = {name: [str(axis) for axis in getattr(getattr(attention, name).value.sharding, "spec", ())]
+             for name in ("qkv_kernel", "qkv_kernel_scale", "o_kernel", "o_kernel_scale")}
+    return np.asarray(model(tokens, targets=tokens)["nll"]).tolist(), specs
+
+
+# int8 weights under model parallelism: laid out by their own (transposed) shapes, computing
+# what one device computes
+keras.distribution.set_distribution(None)
+quantized = TransformerXLLM(CONFIG)
+quantized.set_weights([np.random.default_rng(1).normal(0, 0.3, w.shape).astype("float32")
+                       for w in quantized.get_weights()])
+quantized.quantize("int8")
+tokens = np.random.default_rng(2).integers(0, len(VOCAB), (2, 8)).astype("int32")
+int8_map = TransformerXLLM.get_layout_map(mesh, config=CONFIG, quantization="int8")
+results["int8"] = {name: int8_outputs(distribution, quantized.get_weights(), tokens) for name, distribution in (
+    ("single", None), ("model_parallel", keras.distribution.ModelParallel(layout_map=int8_map,
+                                                                          batch_dim_name="batch")))}
 json.dump(results, sys.stdout)
