@@ -172,3 +172,21 @@ def small_adaptive_model(**overrides):
     model.build((None, 4))
     randomize(model, scale=0.3)
     return model
+
+
+WORDS = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "theta"]
+
+
+def word_task():
+    """A word-level text task over `WORDS` (segments of 4, memory of 6), randomized to peaked
+    distributions: a wrong context changes the argmax (generation and sampler tests)."""
+    from tf_records.vocabulary import Vocabulary
+    from txl_keras import (TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLConfig,
+                           TransformerXLLM, TransformerXLTokenizer)
+
+    vocab = Vocabulary(["<eos>", "<unk>"] + WORDS, add_eos=True, unk_symbol="<unk>")
+    config = TransformerXLConfig.from_preset("tiny", n_token=len(vocab), cutoffs=[], tgt_len=4, mem_len=6,
+                                             same_length=False)
+    model = TransformerXLLM(config)
+    randomize(model, scale=1.0)
+    return TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab), 4))

@@ -4,12 +4,9 @@ task's `generate` with nothing else changed."""
 
 import numpy as np
 import pytest
-from conftest import randomize
+from conftest import word_task
 from keras import ops
 
-from tf_records.vocabulary import Vocabulary
-from txl_keras import (TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLConfig,
-                       TransformerXLLM, TransformerXLTokenizer)
 from txl_keras import samplers
 
 
@@ -28,18 +25,12 @@ class MinPSampler(samplers.RandomSampler):
         return {"min_p": self.min_p, **super().get_config()}
 
 
-WORDS = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "theta"]
 PROMPTS = ["alpha beta", "gamma", "delta kappa omega sigma"]
 
 
 @pytest.fixture(scope="module")
 def lm():
-    vocab = Vocabulary(["<eos>", "<unk>"] + WORDS, add_eos=True, unk_symbol="<unk>")
-    config = TransformerXLConfig.from_preset("tiny", n_token=len(vocab), cutoffs=[], tgt_len=4, mem_len=6,
-                                             same_length=False)
-    model = TransformerXLLM(config)
-    randomize(model, scale=1.0)
-    return TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab), 4))
+    return word_task()
 
 
 def test_min_p_draws_only_tokens_above_its_cut_brute_force():

@@ -6,15 +6,12 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import randomize, to_np
+from conftest import randomize, to_np, word_task
 
-from tf_records.vocabulary import Vocabulary
-from txl_keras import (TransformerXLCausalLM, TransformerXLCausalLMPreprocessor, TransformerXLConfig,
-                       TransformerXLLM, TransformerXLTokenizer)
+from txl_keras import TransformerXLConfig, TransformerXLLM
 from txl_keras import samplers
 from txl_keras.generate import generate
 
-WORDS = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "theta"]
 PROMPTS = ["alpha beta", "gamma", "delta kappa omega sigma", "alpha beta gamma delta kappa omega sigma theta alpha",
            "theta\nalpha"]
 
@@ -26,12 +23,7 @@ def beam_search(model, prompt, max_new_tokens, sampler):
 
 @pytest.fixture(scope="module")
 def lm():
-    vocab = Vocabulary(["<eos>", "<unk>"] + WORDS, add_eos=True, unk_symbol="<unk>")
-    config = TransformerXLConfig.from_preset("tiny", n_token=len(vocab), cutoffs=[], tgt_len=4, mem_len=6,
-                                             same_length=False)
-    model = TransformerXLLM(config)
-    randomize(model, scale=1.0)  # peaked distributions: a wrong context changes the argmax
-    return TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab), 4))
+    return word_task()
 
 
 @pytest.mark.parametrize("sampler", ["greedy", samplers.TopKSampler(k=4, seed=3),
