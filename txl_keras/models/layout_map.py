@@ -40,6 +40,7 @@ def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_d
         return config is None or n % shards == 0
 
     int8 = quantization == "int8"
+    layout_map = keras.distribution.LayoutMap(device_mesh)
 
     def columns(pattern):  # a kernel `(in, out)` split by its outputs; int8: `(out, in)` rows and their scales
         layout_map[pattern] = (model, None) if int8 else (None, model)
@@ -54,7 +55,6 @@ def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_d
         if int8:
             layout_map[pattern + "_scale"] = (model,)
 
-    layout_map = keras.distribution.LayoutMap(device_mesh)
     if config is None or divides(config.n_head * config.d_head):
         columns(r".*rel_attn/(qkv|r)_kernel")
         rows(r".*rel_attn/o_kernel")

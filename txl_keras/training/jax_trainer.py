@@ -329,13 +329,13 @@ class JaxTrainer(TrainingLoop):
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def _evaluation(self, settings, tgt_len):
+    def _evaluation(self, settings, tgt_len, weights):
         """`(start, segment)`, jitted, of the evaluation at `settings` and segment length
         `tgt_len`: `start(weights)` is an empty `InferenceCache` of the global batch (its
         rings sharded over the batch axis, as the streams are); `segment(weights, cache,
         inputs, targets)` is `(summed NLL, scored targets, the cache advanced)` of one
-        segment (`generate.loop.scored_segment`; targets < 0 are padding). `weights` are the
-        trainable then the other variables' values."""
+        segment (`generate.loop.scored_segment`; targets < 0 are padding). `weights`
+        (`_eval_weights`) are the trainable then the other variables' values, placed."""
         import jax
 
         key = (settings.to_json(), tgt_len)
@@ -353,7 +353,7 @@ class JaxTrainer(TrainingLoop):
                 return ops.sum(nll), ops.sum(ops.cast(targets >= 0, "int32")), cache
 
             start, segment = with_values(variables, start), with_values(variables, segment)
-            placed = jax.tree_util.tree_map(lambda _: self.replicated, jax.eval_shape(start, self._eval_weights()))
+            placed = jax.tree_util.tree_map(lambda _: self.replicated, jax.eval_shape(start, weights))
             placed = placed.map_rings(lambda _: self.ring_sharding)
             self._evaluations[key] = (jax.jit(start, out_shardings=placed), jax.jit(segment))
         return self._evaluations[key]
@@ -365,8 +365,8 @@ class JaxTrainer(TrainingLoop):
         """The summed NLL and count of the targets of the pass's first `batches` batches."""
         import jax
 
-        start, segment = self._evaluation(settings, tgt_len)
         weights = self._eval_weights()
+        start, segment = self._evaluation(settings, tgt_len, weights)
         cache = start(weights)
         dataset = stream_dataset(info, jax.process_index(), 1, repeat=False, vocab_size=settings.n_token)
         total, count = 0.0, 0
