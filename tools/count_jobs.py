@@ -8,8 +8,8 @@ than one place, a fix to its meaning must be repeated in each. The rows:
 - memory types: the classes that hold a stream's memory;
 - memory field rewrites: `._replace(...)` of a memory's field (one of `InferenceCache`'s)
   outside the memory's own module;
-- generation loops: token loops (`while_loop`) of the samplers, generation and the
-  SavedModel;
+- generation loops: the loops (`while_loop`, `fori_loop`) of the samplers, generation and
+  the SavedModel, named by the function around each: the token loop and the prompt feed;
 - scoring paths: the code that scores targets through the memory with frozen weights
   (`call_with_cache(..., targets=...)`, or the training forward `stateless_call(...,
   targets=..., training=False)`), the TensorFlow trainer's `Evaluation`, and the task's
@@ -81,6 +81,13 @@ def _functions(tree):
             else:
                 yield from walk(child, prefix)
     yield from walk(tree, "")
+
+
+def _enclosing(tree, node):
+    """The qualified name of the innermost function around `node`."""
+    around = [(f.end_lineno - f.lineno, name) for name, f in _functions(tree)
+              if f.lineno <= node.lineno <= f.end_lineno]
+    return min(around)[1] if around else str(node.lineno)
 
 
 def scoring_calls(tree):
@@ -164,7 +171,8 @@ def count():
         if not is_program and not path.startswith(("txl_keras/models/", "txl_keras/layers/")):
             rows["scoring paths"] += [f"{path}:{c.lineno}" for c in scoring_calls(tree)]
         if path.startswith(("txl_keras/generate/", "txl_keras/export/", "txl_keras/samplers.py")):
-            rows["generation loops"] += [f"{path}:{c.lineno}" for c in _calls(tree, "while_loop")]
+            rows["generation loops"] += [f"{path}:{_enclosing(tree, c)}" for c in
+                                         _calls(tree, "while_loop") + _calls(tree, "fori_loop")]
         for name, node in _functions(tree):
             short = name.rsplit(".", 1)[-1]
             if name.endswith("CausalLM.evaluate"):

@@ -50,5 +50,7 @@ def test_no_field_rewrites_outside_the_memory_and_no_import_side_effects():
     # both trainers' steps judge their gradients in one place
     assert [p for p in rows["training steps"] if not p.endswith(".compute_loss")] == \
         ["txl_keras/training/step.py:checked_gradients"]
+    # one token loop (every sampler's, every caller's) and one prompt feed (generate's and the SavedModel's)
+    assert sorted(p.split(":")[1] for p in rows["generation loops"]) == ["Sampler.search", "feed_context"]
     # the detectors find the jobs that are still done in several places
-    assert len(rows["from_preset meanings"]) >= 1 and len(rows["generation loops"]) >= 1
+    assert len(rows["from_preset meanings"]) >= 1

@@ -212,7 +212,6 @@ def _generate_signature(model, serving, tokenizer):
     generation in the graph, each prompt as `TransformerXLCausalLM.generate` continues it
     alone (to the vocabulary's end symbol), strings in and out."""
     stop_ids = tf.constant([-1 if tokenizer.end_token_id is None else tokenizer.end_token_id], tf.int32)
-    segment = serving.tgt_len
 
     def one(prompt, max_new_tokens, sampler, seed):
         ids = tokenizer.tokenize_prompt(prompt)
@@ -220,21 +219,8 @@ def _generate_signature(model, serving, tokenizer):
                                 "prompt has nothing to continue)", prompt)
         with tf.control_dependencies([check]):  # every use of the ids waits for the check
             ids = tf.identity(ids)
-        context = ids[None, :-1]
-        cache = model.init_cache(1, serving.mem_len, serving.clamp_len, segment_length=segment)
-        ring_shape = cache.rings[0].shape  # every layer's ring has one layout
-        full = tf.shape(context)[1] // segment
-
-        def advance(tokens, cache):  # (the rings keep their shapes, as the loop needs)
-            cache = model.call_with_cache(tokens, cache, **generation.step_memory(serving))[1]
-            return cache.map_rings(lambda ring: tf.ensure_shape(ring, ring_shape))
-
-        def feed(s, cache):
-            return s + 1, advance(tf.ensure_shape(context[:, s * segment:(s + 1) * segment], [1, segment]), cache)
-
-        _, cache = tf.while_loop(lambda s, _: s < full, feed, (tf.constant(0), cache))
-        rest = context[:, full * segment:]
-        cache = tf.cond(tf.shape(rest)[1] > 0, lambda: advance(rest, cache), lambda: cache)
+        cache = model.init_cache(1, serving.mem_len, serving.clamp_len, segment_length=serving.tgt_len)
+        cache = generation.feed_context(model, ids[None, :-1], cache, serving)
         cache = generation.ready_for_steps(model, cache, serving)
         state = sampler.begin(tf.reshape(ids[-1:], [1]), cache, tf.reshape(max_new_tokens, [1]), tf.reshape(seed, [1]))
         state, tokens, _, _ = sampler.search(generation.model_step(model, serving), state, max_new_tokens, stop_ids,

@@ -222,15 +222,39 @@ def _compiled(model, key, make):
 
 
 def prompt_cache(model, prompts, settings):
-    """The cache after the prompts' context (all but the last token, in segments of
-    `tgt_len`), ready for one-token steps. `prompts` int32 `(batch, L)`, one length."""
+    """The cache after the prompts' context (all but the last token), ready for one-token
+    steps. `prompts` int32 `(batch, L)`, one length."""
     feed = _compiled(model, ("feed", settings.to_json()), lambda: _compiled_feed(model, settings))
-    context, tgt_len = prompts[:, :-1], model.config.tgt_len
+    context = prompts[:, :-1]
     cache = model.init_cache(prompts.shape[0], settings.mem_len, settings.clamp_len,
-                             segment_length=min(tgt_len, max(context.shape[1], 1)))
-    for start in range(0, context.shape[1], tgt_len):
-        cache = feed(ops.convert_to_tensor(context[:, start:start + tgt_len]), cache)
-    return ready_for_steps(model, cache, settings)
+                             segment_length=min(settings.tgt_len, max(context.shape[1], 1)))
+    return ready_for_steps(model, feed(ops.convert_to_tensor(context), cache), settings)
+
+
+def feed_context(model, context, cache, settings):
+    """`cache` after `context` (int32 `(rows, L)`, L >= 0, known when traced or not) went
+    through the memory in segments of `settings.tgt_len`, the last one shorter: the prompt
+    feed of `generate`, `stream` and the SavedModel's `generate`, for a compiled function
+    (one program for every full segment)."""
+    memory, segment = step_memory(settings), settings.tgt_len
+    ring_shape = tuple(cache.rings[0].shape)  # every layer's ring has one layout, kept through the loop
+
+    def advance(tokens, cache):
+        cache = model.call_with_cache(tokens, cache, **memory)[1]
+        return cache.map_rings(lambda ring: ops.reshape(ring, ring_shape))
+
+    rows, length = ops.shape(context)
+    full = length // segment
+
+    def feed(s, cache):
+        return advance(ops.slice(context, (0, s * segment), (rows, segment)), cache)
+
+    if not isinstance(full, int) or full > 0:  # (a loop's body is traced even when it would not run)
+        cache = ops.fori_loop(0, full, feed, cache)
+    rest = ops.slice(context, (0, full * segment), (rows, length - full * segment))
+    if isinstance(length, int):  # a length known when traced (always, but in the SavedModel's graph)
+        return advance(rest, cache) if length % segment else cache
+    return ops.cond(length % segment > 0, lambda: advance(rest, cache), lambda: cache)
 
 
 def ready_for_steps(model, cache, settings):
@@ -246,12 +270,7 @@ def ready_for_steps(model, cache, settings):
 
 def _compiled_feed(model, settings):
     compile_model, model = model, weakref.proxy(model)
-    memory = step_memory(settings)
-
-    def feed(tokens, cache):
-        return model.call_with_cache(tokens, cache, **memory)[1]
-
-    return compile_for_backend(compile_model, feed)
+    return compile_for_backend(compile_model, lambda context, cache: feed_context(model, context, cache, settings))
 
 
 def _prompts_cache(model, rows, settings):
