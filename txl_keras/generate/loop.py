@@ -41,15 +41,17 @@ PIECE_S = 1.0  # a search sizes its pieces to about this long (at most DECODE_CH
 logger = logging.getLogger(__name__)
 
 
-def compile_for_backend(model, fn):
+def compile_for_backend(model, fn, any_shape=False):
     """`fn` (which calls `model` without changing its variables) compiled for the
-    backend: tf.function, jax.jit over the model's variables, or eager under no_grad."""
+    backend: tf.function, jax.jit over the model's variables, or eager under no_grad.
+    `any_shape`: on TensorFlow, a shape that changes between calls is traced once more as
+    unknown, then serves every call (JAX compiles each shape)."""
     backend = keras.config.backend()
     if backend == "tensorflow":
         import tensorflow as tf
 
         # Traced as written, as jax.jit traces it (no AutoGraph conversion of the model's code).
-        return tf.function(fn, autograph=False)
+        return tf.function(fn, autograph=False, reduce_retracing=any_shape)
     if backend == "jax":
         import jax
 
@@ -226,8 +228,7 @@ def prompt_cache(model, prompts, settings):
     steps. `prompts` int32 `(batch, L)`, one length."""
     feed = _compiled(model, ("feed", settings.to_json()), lambda: _compiled_feed(model, settings))
     context = prompts[:, :-1]
-    cache = model.init_cache(prompts.shape[0], settings.mem_len, settings.clamp_len,
-                             segment_length=min(settings.tgt_len, max(context.shape[1], 1)))
+    cache = model.init_cache(prompts.shape[0], settings.mem_len, settings.clamp_len)
     return ready_for_steps(model, feed(ops.convert_to_tensor(context), cache), settings)
 
 
@@ -237,7 +238,7 @@ def feed_context(model, context, cache, settings):
     feed of `generate`, `stream` and the SavedModel's `generate`, for a compiled function
     (one program for every full segment)."""
     memory, segment = step_memory(settings), settings.tgt_len
-    ring_shape = tuple(cache.rings[0].shape)  # every layer's ring has one layout, kept through the loop
+    ring_shape = ops.shape(cache.rings[0])  # every layer's ring has one layout, kept through the loop
 
     def advance(tokens, cache):
         cache = model.call_with_cache(tokens, cache, **memory)[1]
@@ -252,7 +253,7 @@ def feed_context(model, context, cache, settings):
     if not isinstance(full, int) or full > 0:  # (a loop's body is traced even when it would not run)
         cache = ops.fori_loop(0, full, feed, cache)
     rest = ops.slice(context, (0, full * segment), (rows, length - full * segment))
-    if isinstance(length, int):  # a length known when traced (always, but in the SavedModel's graph)
+    if isinstance(length, int):  # a length known when traced (always on JAX)
         return advance(rest, cache) if length % segment else cache
     return ops.cond(length % segment > 0, lambda: advance(rest, cache), lambda: cache)
 
@@ -270,7 +271,8 @@ def ready_for_steps(model, cache, settings):
 
 def _compiled_feed(model, settings):
     compile_model, model = model, weakref.proxy(model)
-    return compile_for_backend(compile_model, lambda context, cache: feed_context(model, context, cache, settings))
+    return compile_for_backend(compile_model, lambda context, cache: feed_context(model, context, cache, settings),
+                               any_shape=True)
 
 
 def _prompts_cache(model, rows, settings):
