@@ -57,6 +57,7 @@ WEIGHTS = "model.weights.h5"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # `Vocabulary.fingerprint()`
+LANGUAGE_MODEL_TASK = "TransformerXLCausalLM"  # the task whose preset folder holds a language model alone
 MODEL_OPTIONS = ("lora_rank", "lora_alpha", "quantization")  # TransformerXLLM arguments a preset's config.json may hold
 
 
@@ -74,6 +75,9 @@ class Preset:
         model_options: `(name, value)` pairs of the `TransformerXLLM` arguments a preset
             folder records beside the config (its LoRA adapters' `lora_rank`, `lora_alpha`;
             `quantization` of int8 weights).
+        task_class: the task class a preset folder was saved from, or None. A task other
+            than the language model's (a classifier: its head beside the backbone) is
+            loaded by that class alone: `config` and the vocabulary are then None.
     """
 
     source: str
@@ -84,6 +88,7 @@ class Preset:
     vocabulary: str = None
     vocabulary_fingerprint: str = None
     model_options: tuple = ()
+    task_class: str = None
 
     def load_vocabulary(self):
         """The `Vocabulary`, checked against the fingerprint the preset recorded (where it did)."""
@@ -108,20 +113,25 @@ def presets():
 @dataclasses.dataclass(frozen=True)
 class LoadOptions:
     """How a loader may fetch and convert: a mirror `url`, the cache's `cache_dir`, a `log`
-    for progress lines, and `force_download` (fetch and convert again)."""
+    for progress lines, and `force_download` (fetch and convert again); `task_class` the
+    task that loads the preset (a preset folder of another task than it and the language
+    model is refused)."""
 
     url: str = None
     cache_dir: str = None
     log: object = None
     force_download: bool = False
+    task_class: str = LANGUAGE_MODEL_TASK
 
 
 class PresetLoader:
     """One source of presets. `matches(preset)` says whether a name or (expanded) path is
     of this source; `load(preset, options)` gives its `Preset`. A new source (a hub's
-    handles) is one subclass added to `LOADERS`."""
+    handles) is one subclass added to `LOADERS`. `holds_tasks`: whether its presets may be
+    a task's folder (a classifier's) rather than a language model."""
 
     kind = None
+    holds_tasks = False
 
     @staticmethod
     def matches(preset):
@@ -152,13 +162,14 @@ class PresetFolderLoader(PresetLoader):
     """A folder written by `TransformerXLCausalLM.save_to_preset`."""
 
     kind = "preset folder"
+    holds_tasks = True
 
     @staticmethod
     def matches(preset):
         return files.exists(files.join(preset, METADATA)) and files.exists(files.join(preset, TOKENIZER))
 
     def load(self, preset, options):
-        return _preset_folder(preset)
+        return _preset_folder(preset, options.task_class)
 
 
 class RunFolderLoader(PresetLoader):
@@ -198,6 +209,7 @@ class HubLoader(PresetLoader):
     loader of what they hold."""
 
     kind = "hub"
+    holds_tasks = True
 
     @staticmethod
     def matches(preset):
@@ -241,7 +253,7 @@ def preset_loader(preset):
 
 
 def resolve(preset, url=None, cache_dir=None, log=None, force_download=False):
-    """The `Preset` of a name or folder (see the module docstring): its loader's."""
+    """The language model's `Preset` of a name or folder (see the module docstring): its loader's."""
     loader, preset = preset_loader(preset)
     return loader.load(preset, LoadOptions(url, cache_dir, log, force_download))
 
@@ -255,11 +267,16 @@ def _run_folder_preset(source, kind, folder):
     return Preset(source, kind, folder, config, newest, vocab if files.exists(vocab) else None)
 
 
-def _preset_folder(folder):
-    metadata = _metadata(folder)
-    if metadata.get("class_name") == "TransformerXLClassifier":
-        raise RunFolderError(f"{folder} is a saved TransformerXLClassifier, not a language model: load it with "
-                             "txl_keras.TransformerXLClassifier.from_preset.")
+def _preset_folder(folder, loading_task):
+    task_class = _metadata(folder).get("class_name")
+    if task_class is not None and not (isinstance(task_class, str) and task_class.isidentifier()):
+        raise RunFolderError(f"{files.join(folder, METADATA)} is damaged (class_name={task_class!r}); save the "
+                             "preset again.")
+    if task_class not in (None, LANGUAGE_MODEL_TASK):  # another task's folder, which that task alone reads
+        if task_class != loading_task:
+            raise RunFolderError(f"{folder} is a saved {task_class}, not a language model: load it with "
+                                 f"txl_keras.{task_class}.from_preset.")
+        return Preset(folder, "preset folder", folder, None, files.join(folder, WEIGHTS), task_class=task_class)
     path = files.join(folder, CONFIG)
     try:
         serialized = json.loads(files.read_text(path))
@@ -272,7 +289,7 @@ def _preset_folder(folder):
     _check_tokenizer_file(files.join(folder, TOKENIZER))
     vocab = files.join(folder, TOKENIZER_ASSETS, VOCAB_FILE)
     return Preset(folder, "preset folder", folder, config, files.join(folder, WEIGHTS),
-                  vocab if files.exists(vocab) else None, saved_fingerprint(folder), options)
+                  vocab if files.exists(vocab) else None, saved_fingerprint(folder), options, task_class)
 
 
 def _metadata(folder):

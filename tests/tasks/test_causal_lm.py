@@ -176,3 +176,34 @@ def test_a_new_preset_source_is_one_loader_class(tmp_path, monkeypatch):
     monkeypatch.setattr(presets, "FOLDER_LOADERS", (HandleLoader,) + presets.FOLDER_LOADERS)
     loaded = TransformerXLCausalLM.from_preset(str(handle))
     assert loaded.score(TEXT[:60]).perplexity == pytest.approx(lm.score(TEXT[:60]).perplexity, rel=1e-6)
+
+
+def test_a_new_task_is_one_subclass_whose_from_preset_loads_a_language_model(tmp_path):
+    """A task written on `Task` (here: a text's hidden states) gets `from_preset` whole; it says
+    only how it is made on a trained language model. Its model is the saved one, weight for
+    weight, with the saved vocabulary; a damaged class name in a preset folder is named."""
+    from txl_keras.tasks.task import Task
+
+    class HiddenStates(Task):
+        def __init__(self, backbone, preprocessor, **kwargs):
+            super().__init__(**kwargs)
+            self.backbone, self.preprocessor = backbone, preprocessor
+
+        @classmethod
+        def _on_language_model(cls, model, tokenizer, name=None):
+            return cls(model.backbone, TransformerXLCausalLMPreprocessor(tokenizer, model.config.tgt_len), name=name)
+
+    lm = make_task()
+    keras.utils.set_random_seed(3)
+    for w in lm.model.weights:
+        w.assign(keras.random.normal(w.shape, stddev=0.2, dtype=w.dtype))
+    lm.save_to_preset(str(tmp_path / "lm"))
+    task = HiddenStates.from_preset(str(tmp_path / "lm"), name="hidden")
+    assert task.name == "hidden" and task.tokenizer.vocabulary.symbols == lm.tokenizer.vocabulary.symbols
+    assert len(task.backbone.weights) == len(lm.backbone.weights)
+    for mine, saved in zip(task.backbone.weights, lm.backbone.weights):
+        np.testing.assert_array_equal(to_np(mine), to_np(saved))
+    metadata = tmp_path / "lm" / "metadata.json"
+    metadata.write_text(metadata.read_text().replace('"TransformerXLCausalLM"', "5"))
+    with pytest.raises(ValueError, match=r"metadata.json is damaged \(class_name=5\)"):
+        HiddenStates.from_preset(str(tmp_path / "lm"))

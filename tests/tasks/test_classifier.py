@@ -3,6 +3,7 @@ segmented reading equal to reading a document at once (the memory's invariant), 
 that only the memory carries, presets and LoRA on the backbone, one-line errors."""
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -106,8 +107,10 @@ def test_a_saved_classifier_loads_back_whole_and_a_language_model_gives_its_back
     randomize(model, scale=0.3)
     lm = TransformerXLCausalLM(model, TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(VOCAB), 4))
     lm.save_to_preset(str(tmp_path / "lm"))
-    with pytest.raises(ValueError, match="is a language model, not a classifier: give num_classes"):
-        TransformerXLClassifier.from_preset(str(tmp_path / "lm"))
+    for preset in (str(tmp_path / "lm"), "transfo_xl_wt103"):  # (a released model: refused before its download)
+        with pytest.raises(ValueError, match="is a language model, not a classifier: give num_classes"):
+            TransformerXLClassifier.from_preset(preset, cache_dir=str(tmp_path / "cache"))
+    assert not os.path.exists(tmp_path / "cache")
     clf = TransformerXLClassifier.from_preset(str(tmp_path / "lm"), num_classes=2, mem_len=12)
     np.testing.assert_array_equal(to_np(clf.backbone.word_emb.weights[0]), to_np(model.backbone.word_emb.weights[0]))
     assert (clf.tgt_len, clf.mem_len) == (4, 12)

@@ -6,9 +6,10 @@ from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreproce
 from txl_keras.tasks.classifier import TransformerXLClassifier
 from txl_keras.tasks.classifier_preprocessor import TransformerXLClassifierPreprocessor
 from txl_keras.tasks.perplexity import Perplexity
+from txl_keras.tasks.task import Task, task_classes
 from txl_keras.tasks.task_presets import upload_preset
 from txl_keras.schedules import WarmupCosine
 
 __all__ = ["Perplexity", "TextScore", "TransformerXLCausalLM", "TransformerXLCausalLMPreprocessor",
-           "TransformerXLClassifier", "TransformerXLClassifierPreprocessor", "WarmupCosine",
-           "upload_preset"]
+           "TransformerXLClassifier", "TransformerXLClassifierPreprocessor", "Task", "WarmupCosine",
+           "task_classes", "upload_preset"]

@@ -9,19 +9,16 @@ import numpy as np
 from keras import ops
 
 from txl_keras import generate as generation
-from txl_keras import presets as preset_resolver
 from txl_keras import samplers
 from txl_keras.layers import arguments
-from txl_keras.models import TransformerXLLM
 from txl_keras.models.transformer_xl_lm import mean_nll
 from txl_keras.tasks.stream_memory import hold_memory
-from txl_keras.run_folder import RunFolderError, load_trained_model, load_weights
 from txl_keras.tasks.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from txl_keras.tasks import task_presets
 from txl_keras.tasks.perplexity import Perplexity
+from txl_keras.tasks.task import Task
 from txl_keras import optimizers
 from txl_keras.schedules import WarmupCosine
-from txl_keras.tokenizers import TransformerXLTokenizer
 
 # What one new token's text costs beyond its id, as generate builds it (a TensorFlow string
 # element per token in `detokenize`, then Python's): the memory check counts it.
@@ -48,7 +45,7 @@ class TextScore:
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXLCausalLM(keras.Model):
+class TransformerXLCausalLM(Task):
     """A Transformer-XL language model with its tokenizer: text in, text out, `fit` on text.
 
     The task holds `model` (a `TransformerXLLM`: the backbone `model.backbone` and the
@@ -104,42 +101,14 @@ class TransformerXLCausalLM(keras.Model):
         self.sampler = None  # compile(sampler=...)
 
     @property
-    def tokenizer(self):
-        return self.preprocessor.tokenizer
-
-    @property
     def backbone(self):
         return self.model.backbone
 
     # -- presets ---------------------------------------------------------------------------
 
-    presets = preset_resolver.presets()
-
     @classmethod
-    def from_preset(cls, preset, dtype=None, url=None, cache_dir=None, force_download=False):
-        """The task of a released model's name (`presets`: downloaded and converted on
-        first use), a run folder, a converted folder, a folder saved by
-        `save_to_preset`, or a local folder in the release layout; `dtype` a dtype
-        policy such as "mixed_bfloat16". A released model's cache entry that is damaged
-        is converted again by the next call; `force_download=True` fetches and converts
-        it again in any case. Architecture presets ("wt103_base", ...) have no trained
-        weights or vocabulary: `TransformerXLLM.from_preset` builds those."""
-        found = preset_resolver.resolve(preset, url=url, cache_dir=cache_dir, force_download=force_download)
-        vocabulary = found.load_vocabulary()
-        kwargs = {} if dtype is None else {"dtype": dtype}
-        try:
-            if found.kind == "preset folder":
-                model = TransformerXLLM(found.config, **dict(found.model_options), **kwargs)
-                load_weights(model, found.weights)
-            else:
-                model = load_trained_model(found.folder, **kwargs)
-        except (OSError, ValueError) as e:
-            if found.kind != "release":
-                raise
-            raise RunFolderError(f"The cache entry {found.folder} cannot be loaded ({' '.join(str(e).split())}); "
-                                 "from_preset(..., force_download=True) converts it again, or delete that "
-                                 "folder.") from None
-        tokenizer = TransformerXLTokenizer(vocabulary)
+    def _on_language_model(cls, model, tokenizer):
+        """The task on a trained `TransformerXLLM` (`from_preset`: `Task.from_preset`)."""
         return cls(model, TransformerXLCausalLMPreprocessor(tokenizer, model.config.tgt_len))
 
     def save_to_preset(self, preset_dir):

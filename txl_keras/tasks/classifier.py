@@ -7,7 +7,7 @@ import numpy as np
 from keras import ops
 
 from txl_io import files
-from txl_keras import hub, optimizers
+from txl_keras import optimizers
 from txl_keras import presets as preset_resolver
 from txl_keras.layers import arguments
 from txl_keras.models import TransformerXL
@@ -15,18 +15,21 @@ from txl_keras.run_folder import RunFolderError, load_weights
 from txl_keras.tasks import task_presets
 from txl_keras.tasks.classifier_preprocessor import TransformerXLClassifierPreprocessor
 from txl_keras.tasks.stream_memory import hold_memory
+from txl_keras.tasks.task import Task
 
 FINE_TUNING_LEARNING_RATE = 5e-5  # KerasHub's TextClassifier default
 
 
 @keras.saving.register_keras_serializable(package="txl_keras")
-class TransformerXLClassifier(keras.Model):
+class TransformerXLClassifier(Task):
     """Classifies documents of any length, read segment by segment through the memory.
 
     KerasHub's `TextClassifier` shape: a backbone (`TransformerXL`), a preprocessor
     (`TransformerXLClassifierPreprocessor`, with the tokenizer) and a dense head over
     `num_classes` logits; `fit` on `(texts, labels)`, `predict`, `evaluate`,
-    `save_to_preset`, `from_preset`.
+    `save_to_preset`, `from_preset` (`Task.from_preset`: a classifier saved by
+    `save_to_preset`, whole, or a new head on a language model's preset given
+    `num_classes=`, and optionally `tgt_len=`, `mem_len=`, `dropout=`).
 
     Where Transformer-XL differs: a KerasHub classifier truncates a document to one
     sequence; here each document is read whole, one segment of `tgt_len` (the
@@ -89,41 +92,30 @@ class TransformerXLClassifier(keras.Model):
         self._documents_in_batch = None  # how many documents end in the batch of the step being traced
 
     @property
-    def tokenizer(self):
-        return self.preprocessor.tokenizer
-
-    @property
     def tgt_len(self):
         return self.preprocessor.sequence_length
 
     # -- presets ---------------------------------------------------------------------------
 
     @classmethod
-    def from_preset(cls, preset, num_classes=None, tgt_len=None, mem_len=None, dropout=0.0, dtype=None, **kwargs):
-        """A classifier saved by `save_to_preset` (its `num_classes`, if given, must match),
-        or a new head of `num_classes` on the backbone of a language model's preset (a
-        released model's name, a run folder, a converted or preset folder: anything
-        `TransformerXLCausalLM.from_preset` loads), reading segments of `tgt_len` (default
-        the model's) with a memory of `mem_len`; a hub handle (`hf://`, `kaggle://`) is
-        fetched first. `kwargs` go to
-        `TransformerXLCausalLM.from_preset` (`url`, `cache_dir`, `force_download`)."""
-        if hub.is_handle(preset):  # fetched first: a saved classifier is known by its folder's metadata
-            preset = hub.download(preset, kwargs.get("cache_dir"), kwargs.get("force_download", False))
-        saved = task_presets.saved_task_class(preset)
-        if saved == cls.__name__:
-            return cls._load_saved(files.user_path(preset), num_classes, dtype)
+    def _check_new(cls, num_classes=None, **kwargs):
         if num_classes is None:
-            raise ValueError(f"{preset!r} is a language model, not a classifier: give num_classes, the number of "
+            raise ValueError("The preset is a language model, not a classifier: give num_classes, the number of "
                              "classes of the new head.")
-        from txl_keras.tasks.causal_lm import TransformerXLCausalLM
-
-        lm = TransformerXLCausalLM.from_preset(preset, dtype=dtype, **kwargs)
-        sequence_length = lm.model.config.tgt_len if tgt_len is None else tgt_len
-        preprocessor = TransformerXLClassifierPreprocessor(lm.tokenizer, sequence_length)
-        return cls(lm.backbone, num_classes, preprocessor, mem_len=mem_len, dropout=dropout)
 
     @classmethod
-    def _load_saved(cls, folder, num_classes, dtype):
+    def _on_language_model(cls, model, tokenizer, num_classes=None, tgt_len=None, mem_len=None, dropout=0.0):
+        """A new head of `num_classes` on a trained language model's backbone, reading
+        segments of `tgt_len` (default the model's) with a memory of `mem_len`
+        (`from_preset(preset, num_classes=..., tgt_len=..., mem_len=..., dropout=...)`)."""
+        sequence_length = model.config.tgt_len if tgt_len is None else tgt_len
+        preprocessor = TransformerXLClassifierPreprocessor(tokenizer, sequence_length)
+        return cls(model.backbone, num_classes, preprocessor, mem_len=mem_len, dropout=dropout)
+
+    @classmethod
+    def _load_saved(cls, found, dtype, num_classes=None, **ignored):
+        """A classifier saved by `save_to_preset`, whole (`num_classes`, if given, must match)."""
+        folder = found.folder
         path = files.join(folder, "config.json")
         try:
             serialized = json.loads(files.read_text(path))

@@ -70,16 +70,14 @@ def upload_preset(uri, preset):
     """Publish a preset folder written by `save_to_preset` as the hub handle `uri`
     (`hf://owner/name` or `kaggle://owner/model/keras/variation`), after checking that it
     loads whole as the task it was saved from. Returns `uri`."""
-    from txl_keras import hub
-    from txl_keras.tasks.causal_lm import TransformerXLCausalLM
-    from txl_keras.tasks.classifier import TransformerXLClassifier
+    from txl_keras import hub, tasks  # (the package defines the library's tasks)
 
     hub.parse(uri)
     folder = files.user_path(preset)
     if not preset_resolver.PresetFolderLoader.matches(folder):
         raise RunFolderError(f"{folder} is not a preset folder (metadata.json, tokenizer.json): upload a folder "
                              "written by save_to_preset.")
-    task = {cls.__name__: cls for cls in (TransformerXLCausalLM, TransformerXLClassifier)}.get(saved_task_class(folder))
+    task = tasks.task_classes().get(saved_task_class(folder))
     if task is None:
         raise RunFolderError(f"{folder}'s {preset_resolver.METADATA} names no task txl_keras loads; save it again.")
     task.from_preset(folder)  # every file read and checked, as a user's from_preset(uri) will
