@@ -25,7 +25,10 @@ against greedy), and the SavedModel's in-graph `generate` signature on a prompt 
 words of a stand-in vocabulary (`in_graph`: time per new token against
 `TransformerXLCausalLM.generate` on the same text), and the model quantized to int8
 (`quantize("int8")`) against float32 on one prompt (`int8`: both in one process, their calls
-interleaved; also the bytes of the weights each holds).
+interleaved; also the bytes of the weights each holds), and the prompt feed (`prompts`: the
+seconds of `generate(..., 1 new token)` on prompts of `PROMPT_LENGTHS` in turn, in one
+process, tracing and compilation included; with `--baseline`, the baseline's package measured
+by this script too, and the ratio of the sides' total seconds).
 """
 
 import argparse
@@ -41,7 +44,8 @@ from common import (emit, generation_counts, matmul_ceiling_gflops, random_ids, 
                     run_rounds, run_worker)
 
 SETTINGS = dict(mem_len=1600, clamp_len=1000, same_length=True, prompt=128)
-MODES = ("greedy", "batch8", "beam4", "in_graph", "int8")
+MODES = ("greedy", "batch8", "beam4", "in_graph", "int8", "prompts")
+PROMPT_LENGTHS = (1001, 1001, 901, 901, 130, 77, 1500)  # a length again, a new one, shorter than a segment
 
 
 def per_token(run, short, long):
@@ -83,6 +87,8 @@ def txl_worker(c, e):
         return batch_worker(model, c, e, generate)
     if mode == "int8":
         return int8_worker(model, prompt, generate)
+    if mode == "prompts":
+        return prompts_worker(model, c, generate)
     sampler = BeamSampler(4, 0.0) if mode == "beam4" else None
     start = time.perf_counter()  # the process's first call: its tracing and compilation included
     generate(model, prompt, e["short"], temperature=0, sampler=sampler)
@@ -116,6 +122,18 @@ def batch_worker(model, c, e, generate, rounds=3):
     return {"s_per_token": median([b[0] for b in batch]), "fixed_s": median([b[1] for b in batch]),
             "one_s_per_token": median([a[0] for a in alone]), "ratio": median(ratios),
             "ratios": ratios, "rows": len(prompts)}
+
+
+def prompts_worker(model, c, generate):
+    """The seconds of `generate(..., 1 new token)` on one prompt of each of `PROMPT_LENGTHS`
+    in turn (their tracing and compilation included)."""
+    seconds = []
+    for n, length in enumerate(PROMPT_LENGTHS):
+        prompt = random_ids(length, c["n_token"], seed=n, zipf=True).reshape(1, -1)
+        start = time.perf_counter()
+        generate(model, prompt, 1, temperature=0)
+        seconds.append(time.perf_counter() - start)
+    return {"prompt_s": seconds, "total_s": sum(seconds)}
 
 
 def int8_worker(model, prompt, generate, rounds=5):
@@ -205,7 +223,7 @@ def print_ceilings(results, c, e):
     print(f"ceilings (greedy worker): float32 matmul {ceiling:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s; "
           f"memory attended {memory:.0f} rows")
     for impl, r in results.items():
-        if impl == "in_graph":  # (another model: a stand-in vocabulary's)
+        if impl == "in_graph" or "prompt_s" in r:  # (another model: a stand-in vocabulary's; no steps)
             continue
         rows = r.get("beams", r.get("rows", 1))  # the rows each step computes
         flop, read = generation_counts(settings, memory, rows)
@@ -247,11 +265,19 @@ def main():
     if args.baseline:
         script = os.path.join(os.path.abspath(args.baseline), "bench", os.path.basename(__file__))
         workers.append(("baseline", lambda: run_worker(sys.executable, script, ["--impl", "txl_keras"] + forwarded)))
+    if args.baseline and "prompts" in modes:  # (this script, the baseline's package)
+        packages = {"TXL_BENCH_PACKAGES": os.path.abspath(args.baseline)}
+        workers.append(("baseline_prompts", lambda: run_worker(sys.executable, __file__, [
+            "--impl", "txl_keras", "--mode=prompts"] + forwarded, env=packages)))
     rounds = run_rounds(args.rounds, workers)
-    results = {name: min(runs, key=lambda r: r["s_per_token"]) for name, runs in rounds.items()}
+    results = {name: min(runs, key=lambda r: r.get("s_per_token", r.get("total_s"))) for name, runs in rounds.items()}
     if args.hf_python:
         results["hf"] = run_worker(args.hf_python, __file__, ["--impl", "hf"] + forwarded)
     for impl, r in results.items():
+        if "prompt_s" in r:
+            print(f"{impl:>16}: prompts of {', '.join(map(str, PROMPT_LENGTHS))} tokens: "
+                  f"{', '.join(f'{x:.2f}' for x in r['prompt_s'])} s; {r['total_s']:.2f} s in all")
+            continue
         rows = r.get("rows", 1)
         print(f"{impl:>10}: {r['s_per_token'] * 1e3:.1f} ms per step ({rows} row{'s' if rows > 1 else ''}: "
               f"{rows / r['s_per_token']:.1f} tokens/s), {r['fixed_s']:.2f} s fixed per call"
@@ -278,6 +304,10 @@ def main():
               f"{', '.join(f'{x:.2f}' for x in r['ratios'])}): {r['ratio']:.2f}x "
               f"(float32 {r['float_s_per_token'] * 1e3:.1f} ms per token); weights {r['weight_bytes'] / 1e6:.0f} MB, "
               f"float32's {r['float_weight_bytes'] / 1e6:.0f} MB ({r['weight_bytes'] / r['float_weight_bytes']:.3f}x)")
+    if "baseline_prompts" in results:
+        print(ratio_line("baseline (the prompt feed: 1 / the total seconds)",
+                         [1 / r["total_s"] for r in rounds["prompts"]],
+                         [1 / r["total_s"] for r in rounds["baseline_prompts"]]))
     if "baseline" in results and greedy:
         print(ratio_line("baseline", [1 / r["s_per_token"] for r in rounds["greedy"]],
                          [1 / r["s_per_token"] for r in rounds["baseline"]]))

@@ -148,3 +148,14 @@ def test_an_existing_vocabulary_encodes_the_corpus(tmp_path):
     corpus = load_corpus("wt103", data_dir=str(tmp_path), vocab=given)
     np.testing.assert_array_equal(corpus.split_ids["valid"](), [3, 1, 0])
     assert corpus.vocab is given
+
+
+def test_the_records_cutoffs_are_the_architecture_presets():
+    """The paper's adaptive softmax cutoffs are written in the data package (the records'
+    corpus info) and in the model's architecture presets, which the layering keeps apart:
+    they must be the same."""
+    from tf_records.corpora import CUTOFFS
+    from txl_keras.models.config import PRESETS
+
+    assert all(PRESETS[f"{corpus}_{size}"]["cutoffs"] == cutoffs for corpus, cutoffs in CUTOFFS.items()
+               for size in ("base", "large"))
