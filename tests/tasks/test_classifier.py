@@ -123,6 +123,8 @@ def test_a_saved_classifier_loads_back_whole_and_a_language_model_gives_its_back
     assert json.load(open(tmp_path / "clf" / "metadata.json"))["class_name"] == "TransformerXLClassifier"
     again = TransformerXLClassifier.from_preset(str(tmp_path / "clf"))
     assert again.backbone.lora_rank == 2 and again.mem_len == 12
+    longer = TransformerXLClassifier.from_preset(str(tmp_path / "clf"), tgt_len=8, mem_len=16, dropout=0.1)
+    assert (longer.tgt_len, longer.mem_len, longer.dropout, longer.num_classes) == (8, 16, 0.1, 2)
     np.testing.assert_allclose(again.predict(texts, verbose=0), clf.predict(texts, verbose=0), atol=1e-6)
     with pytest.raises(ValueError, match="is a classifier of 2 classes; received num_classes=5"):
         TransformerXLClassifier.from_preset(str(tmp_path / "clf"), num_classes=5)

@@ -29,7 +29,7 @@ class TransformerXLClassifier(Task):
     `num_classes` logits; `fit` on `(texts, labels)`, `predict`, `evaluate`,
     `save_to_preset`, `from_preset` (`Task.from_preset`: a classifier saved by
     `save_to_preset`, whole, or a new head on a language model's preset given
-    `num_classes=`, and optionally `tgt_len=`, `mem_len=`, `dropout=`).
+    `num_classes=`; `tgt_len=`, `mem_len=`, `dropout=` set either's).
 
     Where Transformer-XL differs: a KerasHub classifier truncates a document to one
     sequence; here each document is read whole, one segment of `tgt_len` (the
@@ -113,13 +113,20 @@ class TransformerXLClassifier(Task):
         return cls(model.backbone, num_classes, preprocessor, mem_len=mem_len, dropout=dropout)
 
     @classmethod
-    def _load_saved(cls, found, dtype, num_classes=None, **ignored):
-        """A classifier saved by `save_to_preset`, whole (`num_classes`, if given, must match)."""
+    def _load_saved(cls, found, dtype, num_classes=None, tgt_len=None, mem_len=None, dropout=None):
+        """A classifier saved by `save_to_preset`, whole (`num_classes`, if given, must match);
+        `tgt_len`, `mem_len` and `dropout`, where given, replace the saved ones (a longer
+        memory to classify with, say)."""
         folder = found.folder
         path = files.join(folder, "config.json")
         try:
             serialized = json.loads(files.read_text(path))
             config = dict(serialized["config"])
+            config.update({k: v for k, v in (("mem_len", mem_len), ("dropout", dropout)) if v is not None})
+            if tgt_len is not None:
+                preprocessor = config["preprocessor"]
+                config["preprocessor"] = {**preprocessor,
+                                          "config": {**preprocessor["config"], "sequence_length": tgt_len}}
         except (ValueError, KeyError, TypeError) as e:
             raise RunFolderError(f"{path} is damaged ({e}); save the classifier again.") from None
         if num_classes is not None and num_classes != config.get("num_classes"):
