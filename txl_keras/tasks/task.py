@@ -15,9 +15,10 @@ class Task(keras.Model):
 
     A subclass says how it is made on a trained language model
     (`_on_language_model(model, tokenizer, **kwargs)`, `model` a `TransformerXLLM`; its
-    arguments checked first by `_check_new(**kwargs)`) and,
-    where its preset folder holds more than a language model (a classifier's head), how
-    such a folder loads (`_load_saved`). A new task is one subclass."""
+    arguments checked first by `_check_new(**kwargs)`) and, where its preset folder holds
+    more than a language model (a classifier's head), how such a folder loads
+    (`_load_saved(found, dtype, **kwargs)`, `found` a `presets.Preset`). A new task is one
+    subclass; its preset folder is written by `task_presets.write`."""
 
     presets = preset_resolver.presets()
 
