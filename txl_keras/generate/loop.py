@@ -227,9 +227,16 @@ def prompt_cache(model, prompts, settings):
     """The cache after the prompts' context (all but the last token), ready for one-token
     steps. `prompts` int32 `(batch, L)`, one length."""
     feed = _compiled(model, ("feed", settings.to_json()), lambda: _compiled_feed(model, settings))
-    context = prompts[:, :-1]
+    context, segment = prompts[:, :-1], settings.tgt_len
     cache = model.init_cache(prompts.shape[0], settings.mem_len, settings.clamp_len)
-    return ready_for_steps(model, feed(ops.convert_to_tensor(context), cache), settings)
+    # JAX compiles each shape: fed a segment at a time, a whole segment's program serves every
+    # prompt (a prompt's length compiles only its last segment); TensorFlow's one relaxed trace
+    # takes the whole context.
+    pieces = [context[:, s:s + segment] for s in range(0, context.shape[1], segment)] \
+        if keras.config.backend() == "jax" else [context]
+    for piece in pieces:
+        cache = feed(ops.convert_to_tensor(piece), cache)
+    return ready_for_steps(model, cache, settings)
 
 
 def feed_context(model, context, cache, settings):
