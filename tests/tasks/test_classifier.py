@@ -128,6 +128,8 @@ def test_a_saved_classifier_loads_back_whole_and_a_language_model_gives_its_back
     np.testing.assert_allclose(again.predict(texts, verbose=0), clf.predict(texts, verbose=0), atol=1e-6)
     with pytest.raises(ValueError, match="is a classifier of 2 classes; received num_classes=5"):
         TransformerXLClassifier.from_preset(str(tmp_path / "clf"), num_classes=5)
+    with pytest.raises(ValueError, match="Expected `dtype` to be a dtype policy .* given by name"):
+        TransformerXLClassifier.from_preset(str(tmp_path / "clf"), 2)
     with pytest.raises(RunFolderError, match="is a saved TransformerXLClassifier, not a language model"):
         TransformerXLCausalLM.from_preset(str(tmp_path / "clf"))
 

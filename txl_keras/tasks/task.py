@@ -38,6 +38,9 @@ class Task(keras.Model):
         `force_download=True` fetches and converts it again in any case. Architecture
         presets ("wt103_base", ...) have no trained weights or vocabulary:
         `TransformerXLLM.from_preset` builds those."""
+        if dtype is not None and not isinstance(dtype, (str, keras.DTypePolicy)):
+            raise ValueError(f"Expected `dtype` to be a dtype policy such as 'mixed_bfloat16'. Received: dtype="
+                             f"{dtype!r} (a task's own arguments, such as num_classes, are given by name).")
         loader, preset = preset_resolver.preset_loader(preset)
         if not loader.holds_tasks:  # a language model: the new task's arguments are checked before it loads
             cls._check_new(**kwargs)
