@@ -3,7 +3,6 @@ local stand-in server (download, cache, a missing repository, `upload_preset`), 
 handles with `kagglehub` against a stand-in of Kaggle's model API, and one-line errors. Nothing reaches a
 network."""
 
-import json
 import os
 import sys
 
